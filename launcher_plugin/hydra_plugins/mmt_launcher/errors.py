@@ -1,0 +1,85 @@
+"""Errors the launcher raises or returns inside a FAILED ``JobReturn``. Standard library only."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+class MMTError(Exception):
+    """Base class of mmt's own errors."""
+
+
+class ConfigError(MMTError, ValueError):
+    """A job's configuration cannot run; raised before anything starts."""
+
+    def __init__(self, key: str, value: object, expected: str, hint: Optional[str] = None) -> None:
+        self.key, self.value, self.expected, self.hint = key, value, expected, hint
+        message = f"Invalid {key}={value!r}: {expected}."
+        if hint:
+            message += f" HINT: {hint}"
+        super().__init__(message)
+
+    def __reduce__(self):  # keyword-only construction must survive pickling (results travel between processes)
+        return (ConfigError, (self.key, self.value, self.expected, self.hint))
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """The first rank that failed in a job, as the launcher saw it."""
+
+    rank: int
+    node_rank: int
+    # exit code when the process exited, None when it was killed by a signal
+    exit_code: Optional[int]
+    # signal name when killed by a signal (SIGKILL ...)
+    signal: Optional[str]
+    # exception type and message, and its traceback, when the rank raised in Python
+    exception: Optional[str]
+    traceback: Optional[str]
+    log: str
+
+    def describe(self) -> str:
+        if self.exception:
+            how = f"raised {self.exception}"
+        elif self.signal:
+            how = f"was killed by {self.signal}"
+        else:
+            how = f"exited with code {self.exit_code}"
+            if self.exit_code is not None and self.exit_code > 128:
+                how += f" (128+{self.exit_code - 128}: killed by a signal in a wrapper, e.g. the OOM killer)"
+        return f"rank {self.rank} (node {self.node_rank}) {how}"
+
+
+class RankFailedError(MMTError):
+    """A rank of the job failed; the others were stopped."""
+
+    def __init__(self, job: str, failure: RankFailure) -> None:
+        self.job, self.failure = job, failure
+        text = f"{job}: {failure.describe()}; the other ranks were stopped. Log: {failure.log}"
+        if failure.traceback:
+            text += "\n" + failure.traceback.rstrip()
+        super().__init__(text)
+
+    def __reduce__(self):
+        return (RankFailedError, (self.job, self.failure))
+
+
+class JobTimeoutError(MMTError):
+    """The job reached its time limit; every rank was stopped."""
+
+    def __init__(self, job: str, limit_s: float, running: str) -> None:
+        self.job, self.limit_s, self.running = job, limit_s, running
+        super().__init__(f"{job}: timed out after {limit_s:g} s; still running at the limit: {running}")
+
+    def __reduce__(self):
+        return (JobTimeoutError, (self.job, self.limit_s, self.running))
+
+
+class JobInterruptedError(MMTError):
+    """The launcher was interrupted (Ctrl-C, SIGTERM) or the job was cancelled outside; every rank was stopped."""
+
+    def __init__(self, job: str, reason: str) -> None:
+        self.job, self.reason = job, reason
+        super().__init__(f"{job}: {reason}")
+
+    def __reduce__(self):
+        return (JobInterruptedError, (self.job, self.reason))

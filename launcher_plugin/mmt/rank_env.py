@@ -1,0 +1,229 @@
+"""The rank-env contract: the one module that names, builds and reads the variables every rank sees.
+
+The launcher (every backend) builds a rank's environment with :func:`rank_env` (or :func:`node_env` when a
+command starts its own local ranks); recipes read it back with :meth:`RankInfo.from_env`. Nothing else in the
+project spells these variable names.
+
+Contract (N nodes x M processes per node, node n, local index l):
+
+=================  ==========================================================
+MASTER_ADDR        node 0's address
+MASTER_PORT        a port chosen per job (never a fixed 29500)
+NODE_RANK          n (Lightning, torchrun's --node-rank)
+GROUP_RANK         n (torchelastic's name for the same)
+LOCAL_RANK         l (its presence tells Lightning "processes were created externally")
+RANK               n * M + l
+WORLD_SIZE         N * M
+LOCAL_WORLD_SIZE   M
+NUM_NODES          N (the Lightning platform's name)
+OMP_NUM_THREADS    cores per node // M, unless the user set it
+=================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+NODE_RANK = "NODE_RANK"
+GROUP_RANK = "GROUP_RANK"
+LOCAL_RANK = "LOCAL_RANK"
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+NUM_NODES = "NUM_NODES"
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+# where the job writes (its Hydra output dir) and which job this is; handy for `command=` scripts
+MMT_JOB_DIR = "MMT_JOB_DIR"
+MMT_JOB_ID = "MMT_JOB_ID"
+
+#: names a user may not set through ``env``: the launcher owns them
+RESERVED = frozenset(
+    {MASTER_ADDR, MASTER_PORT, NODE_RANK, GROUP_RANK, LOCAL_RANK, RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NUM_NODES,
+     MMT_JOB_DIR, MMT_JOB_ID}
+)
+
+# Inherited variables that make a framework believe it runs somewhere else: a stray SLURM_NTASKS makes Lightning
+# pick SLURMEnvironment with wrong ranks, TORCHELASTIC_RUN_ID makes it trust RANK/WORLD_SIZE, LT_*/PL_TRAINER_*
+# override Trainer/Fabric arguments, LSB_*/JSM_* select LSFEnvironment.
+_SCRUB_PREFIXES = (
+    "SLURM_", "SLURMD_", "SBATCH_", "SRUN_", "TORCHELASTIC_", "LT_", "PL_TRAINER_", "PL_FABRIC_", "OMPI_", "PMI_",
+    "PMIX_", "LSB_", "JSM_NAMESPACE_", "SUBMITIT_", "MMT_",
+)
+_SCRUB_NAMES = RESERVED | {"GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+
+# What a per-node command (Lightning Trainer/Fabric, torchrun, mp.spawn) needs to know the topology when it
+# creates the local ranks itself: Trainer reads PL_TRAINER_<ARG> as defaults, Fabric's LT_* override its arguments.
+PER_NODE_TOPOLOGY = {
+    "num_nodes": ("PL_TRAINER_NUM_NODES", "LT_NUM_NODES"),
+    "devices": ("PL_TRAINER_DEVICES", "LT_DEVICES"),
+}
+
+
+def scrubbed(base_env: Mapping[str, str]) -> dict[str, str]:
+    """A copy of ``base_env`` without inherited cluster, torchelastic, Lightning and rank variables."""
+    return {
+        k: v for k, v in base_env.items() if k not in _SCRUB_NAMES and not k.startswith(_SCRUB_PREFIXES)
+    }
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one rank sits in an N x M job."""
+
+    node_rank: int
+    local_rank: int
+    num_nodes: int
+    local_world_size: int
+
+    @property
+    def rank(self) -> int:
+        return self.node_rank * self.local_world_size + self.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.local_world_size
+
+
+def _threads_per_rank(cores_per_node: int, ranks_per_node: int) -> str:
+    return str(max(1, cores_per_node // max(1, ranks_per_node)))
+
+
+def _common(node_rank: int, num_nodes: int, local_world_size: int, master_addr: str, master_port: int,
+            job_dir: str, job_id: str) -> dict[str, str]:
+    return {
+        MASTER_ADDR: master_addr,
+        MASTER_PORT: str(master_port),
+        NODE_RANK: str(node_rank),
+        GROUP_RANK: str(node_rank),
+        WORLD_SIZE: str(num_nodes * local_world_size),
+        LOCAL_WORLD_SIZE: str(local_world_size),
+        NUM_NODES: str(num_nodes),
+        MMT_JOB_DIR: job_dir,
+        MMT_JOB_ID: job_id,
+    }
+
+
+def contract_env(place: RankPlace, *, master_addr: str, master_port: int, job_dir: str, job_id: str) -> dict[str, str]:
+    """The contract variables of one rank, and nothing else (what a dry run shows)."""
+    env = _common(place.node_rank, place.num_nodes, place.local_world_size, master_addr, master_port, job_dir, job_id)
+    env[LOCAL_RANK] = str(place.local_rank)
+    env[RANK] = str(place.rank)
+    return env
+
+
+def rank_env(
+    place: RankPlace,
+    *,
+    master_addr: str,
+    master_port: int,
+    job_dir: str,
+    job_id: str,
+    base_env: Mapping[str, str],
+    job_env: Mapping[str, str],
+    cores_per_node: int,
+) -> dict[str, str]:
+    """The full environment of one rank: scrubbed ``base_env``, then the user's ``job_env``, then the contract."""
+    env = scrubbed(base_env)
+    env.update(job_env)
+    if OMP_NUM_THREADS not in env:
+        env[OMP_NUM_THREADS] = _threads_per_rank(cores_per_node, place.local_world_size)
+    env.update(contract_env(place, master_addr=master_addr, master_port=master_port, job_dir=job_dir, job_id=job_id))
+    return env
+
+
+def node_contract_env(node_rank: int, *, num_nodes: int, local_world_size: int, master_addr: str, master_port: int,
+                      job_dir: str, job_id: str) -> dict[str, str]:
+    """The contract of one node whose command creates its own ``local_world_size`` ranks (no RANK/LOCAL_RANK)."""
+    env = _common(node_rank, num_nodes, local_world_size, master_addr, master_port, job_dir, job_id)
+    for names, value in ((PER_NODE_TOPOLOGY["num_nodes"], num_nodes), (PER_NODE_TOPOLOGY["devices"], local_world_size)):
+        for name in names:
+            env[name] = str(value)
+    return env
+
+
+def node_env(
+    node_rank: int,
+    *,
+    num_nodes: int,
+    local_world_size: int,
+    master_addr: str,
+    master_port: int,
+    job_dir: str,
+    job_id: str,
+    base_env: Mapping[str, str],
+    job_env: Mapping[str, str],
+    cores_per_node: int,
+) -> dict[str, str]:
+    """The full environment of a per-node command: like :func:`rank_env` without the per-rank variables."""
+    env = scrubbed(base_env)
+    env.update(job_env)
+    if OMP_NUM_THREADS not in env:
+        env[OMP_NUM_THREADS] = _threads_per_rank(cores_per_node, local_world_size)
+    env.update(node_contract_env(node_rank, num_nodes=num_nodes, local_world_size=local_world_size,
+                                 master_addr=master_addr, master_port=master_port, job_dir=job_dir, job_id=job_id))
+    return env
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """What a rank reads back from the contract. Recipes use this, never the raw names."""
+
+    rank: int
+    local_rank: int
+    node_rank: int
+    world_size: int
+    local_world_size: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+    job_dir: Optional[str]
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the rank that writes results, metrics and checkpoints."""
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "RankInfo":
+        """Read the contract; outside an mmt job this is a single process world (1 node x 1 process)."""
+        env = os.environ if environ is None else environ
+
+        def number(name: str, default: int) -> int:
+            raw = env.get(name)
+            if raw is None or raw == "":
+                return default
+            try:
+                return int(raw)
+            except ValueError:
+                raise ValueError(f"{name}={raw!r} is not a whole number: the rank environment is corrupt") from None
+
+        local_world_size = number(LOCAL_WORLD_SIZE, 1)
+        world_size = number(WORLD_SIZE, local_world_size)
+        return cls(
+            rank=number(RANK, 0),
+            local_rank=number(LOCAL_RANK, 0),
+            node_rank=number(NODE_RANK, number(GROUP_RANK, 0)),
+            world_size=world_size,
+            local_world_size=local_world_size,
+            num_nodes=number(NUM_NODES, max(1, world_size // max(1, local_world_size))),
+            master_addr=env.get(MASTER_ADDR, "127.0.0.1"),
+            master_port=number(MASTER_PORT, 29500),
+            job_dir=env.get(MMT_JOB_DIR),
+        )
+
+    def check_world_size(self, actual: int, who: str = "trainer") -> None:
+        """Refuse to train when a framework computed another world than the launcher created.
+
+        Lightning's LightningEnvironment ignores WORLD_SIZE and derives the world from Trainer(num_nodes, devices);
+        a mismatch makes node 0 silently train a smaller world and exit 0.
+        """
+        if actual != self.world_size:
+            raise RuntimeError(
+                f"{who}.world_size={actual} but the launcher started WORLD_SIZE={self.world_size} ranks "
+                f"({self.num_nodes} nodes x {self.local_world_size}). HINT: pass num_nodes={self.num_nodes} and "
+                f"devices={self.local_world_size} to the Trainer/Fabric (RankInfo.from_env() has both)."
+            )
