@@ -23,6 +23,7 @@ from . import _dryrun, _payload
 from ._console import SummaryRow, format_summary, metric_of
 from ._outcome import JobOutcome, discard_payload, to_job_return, write_result
 from ._plan import JobPlan, plan_job
+from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,8 @@ def prepare(launcher: Any, overrides: Sequence[str], num: int) -> PreparedJob:
     config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
     target = OmegaConf.select(config, "hydra.launcher._target_")
     if target != launcher.config.hydra.launcher._target_:
-        raise ValueError(f"Job {num} ({' '.join(overrides)}) selects another launcher ({target}); a sweep runs on "
-                         "one backend. HINT: run one sweep per cluster (cluster=local or cluster=slurm), not both.")
+        raise ConfigError("hydra/launcher", target, f"job {num} ({' '.join(overrides)}) selects another launcher "
+                          "than the sweep's; a sweep runs on one backend", "run one sweep per cluster, not cluster=a,b")
     job_id = f"{launcher.BACKEND}-{os.getpid()}-{num}"
     with open_dict(config):
         config.hydra.job.id = job_id
@@ -94,8 +95,8 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     _summarise(sweep_dir, jobs, outcomes, returns)
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     if backend.interrupted_by is not None:  # after everything is stopped and written down
-        if backend.interrupted_by == signal.SIGINT:
-            raise KeyboardInterrupt
+        name = signal.Signals(backend.interrupted_by).name
+        print(f"mmt: {name} received; every rank of every job was stopped", file=sys.stderr, flush=True)
         sys.exit(128 + backend.interrupted_by)
     return returns
 

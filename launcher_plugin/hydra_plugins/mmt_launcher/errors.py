@@ -1,15 +1,20 @@
-"""Errors the launcher raises or returns inside a FAILED ``JobReturn``. Standard library only."""
+"""Errors the launcher raises or returns inside a FAILED ``JobReturn``."""
 
 from dataclasses import dataclass
 from typing import Optional
+
+from hydra.errors import CompactHydraException
 
 
 class MMTError(Exception):
     """Base class of mmt's own errors."""
 
 
-class ConfigError(MMTError, ValueError):
-    """A job's configuration cannot run; raised before anything starts."""
+class ConfigError(MMTError, ValueError, CompactHydraException):
+    """A job's configuration cannot run; raised before anything starts.
+
+    A CompactHydraException, so Hydra prints the message alone instead of a traceback through its own frames.
+    """
 
     def __init__(self, key: str, value: object, expected: str, hint: Optional[str] = None) -> None:
         self.key, self.value, self.expected, self.hint = key, value, expected, hint

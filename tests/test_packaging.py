@@ -1,0 +1,55 @@
+"""The plugin as installed: discovery in a fresh interpreter, config keys, imports kept light."""
+
+import subprocess
+import sys
+from dataclasses import fields
+
+from omegaconf import OmegaConf
+
+from hydra_plugins.mmt_launcher.config import JobConf, LocalLauncherConf, SlurmLauncherConf
+
+
+def _fresh(code: str) -> str:
+    # a new interpreter started outside the repo, so nothing but the installed package can be found
+    done = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_hydra_discovers_the_launchers_in_a_fresh_interpreter():
+    out = _fresh(
+        "from hydra.core.plugins import Plugins\n"
+        "from hydra.plugins.launcher import Launcher\n"
+        "print(sorted(c.__name__ for c in Plugins.instance().discover(Launcher)))\n"
+    )
+    assert "MMTLocalLauncher" in out and "MMTSlurmLauncher" in out
+
+
+def test_launcher_configs_are_in_the_config_store():
+    out = _fresh(
+        "from hydra.core.config_store import ConfigStore\n"
+        "import hydra_plugins.mmt_launcher.config\n"
+        "print(sorted(ConfigStore.instance().list('hydra/launcher')))\n"
+    )
+    assert "mmt_local.yaml" in out and "mmt_slurm.yaml" in out
+
+
+def test_plugin_discovery_does_not_import_torch_or_lightning():
+    # every Hydra app on this interpreter imports the plugin's public modules while scanning for plugins
+    out = _fresh(
+        "import sys\n"
+        "from hydra.core.plugins import Plugins\n"
+        "from hydra.plugins.launcher import Launcher\n"
+        "Plugins.instance().discover(Launcher)\n"
+        "print(sorted(m for m in ('torch', 'lightning', 'submitit') if m in sys.modules))\n"
+    )
+    assert out.strip() == "[]"
+
+
+def test_every_config_field_is_annotated_and_a_key():
+    # an unannotated dataclass attribute is silently not a config key (DESIGN pitfall 9)
+    for conf in (JobConf, LocalLauncherConf, SlurmLauncherConf):
+        declared = {name for klass in conf.__mro__ for name, value in vars(klass).items()
+                    if not name.startswith("__") and not callable(value) and not isinstance(value, property)}
+        assert declared <= {f.name for f in fields(conf)}, f"{conf.__name__}: not annotated: {declared - {f.name for f in fields(conf)}}"
+        assert set(OmegaConf.structured(conf).keys()) == {f.name for f in fields(conf)}

@@ -1,0 +1,73 @@
+"""The rank-env contract (DESIGN section 4): built by one module, read back by recipes."""
+
+import pytest
+
+from mmt.rank_env import RankInfo, RankPlace, node_env, rank_env, scrubbed
+
+COMMON = dict(master_addr="127.0.0.1", master_port=40123, job_dir="/tmp/job", job_id="local-1-0")
+
+
+def _env(place: RankPlace, base=None, job=None, cores=8):
+    return rank_env(place, base_env=base or {}, job_env=job or {}, cores_per_node=cores, **COMMON)
+
+
+def test_two_by_two_ranks_and_node_ranks():
+    places = [RankPlace(node_rank=n, local_rank=l, num_nodes=2, local_world_size=2) for n in range(2) for l in range(2)]
+    envs = [_env(p) for p in places]
+    assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
+    assert [e["NODE_RANK"] for e in envs] == ["0", "0", "1", "1"]
+    assert [e["GROUP_RANK"] for e in envs] == ["0", "0", "1", "1"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "0", "1"]
+    for env in envs:
+        assert env["WORLD_SIZE"] == "4" and env["LOCAL_WORLD_SIZE"] == "2" and env["NUM_NODES"] == "2"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == "40123"
+
+
+def test_inherited_cluster_and_rank_variables_are_scrubbed():
+    base = {"SLURM_NTASKS": "8", "SLURM_PROCID": "3", "TORCHELASTIC_RUN_ID": "x", "LT_DEVICES": "8",
+            "PL_TRAINER_NUM_NODES": "4", "RANK": "7", "WORLD_SIZE": "16", "MASTER_PORT": "29500", "HOME": "/root",
+            "PATH": "/usr/bin", "LSB_JOBID": "1", "GROUP_WORLD_SIZE": "3"}
+    env = _env(RankPlace(0, 1, 1, 2), base=base)
+    for gone in ("SLURM_NTASKS", "SLURM_PROCID", "TORCHELASTIC_RUN_ID", "LT_DEVICES", "PL_TRAINER_NUM_NODES",
+                 "LSB_JOBID", "GROUP_WORLD_SIZE"):
+        assert gone not in env
+    assert env["HOME"] == "/root" and env["PATH"] == "/usr/bin"
+    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2" and env["MASTER_PORT"] == "40123"
+    assert scrubbed({"SLURM_X": "1", "KEEP": "2"}) == {"KEEP": "2"}
+
+
+def test_omp_threads_split_among_the_ranks_of_a_node_unless_the_user_set_it():
+    assert _env(RankPlace(0, 0, 1, 4), cores=8)["OMP_NUM_THREADS"] == "2"
+    assert _env(RankPlace(0, 0, 1, 16), cores=8)["OMP_NUM_THREADS"] == "1"
+    assert _env(RankPlace(0, 0, 1, 4), base={"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
+    assert _env(RankPlace(0, 0, 1, 4), job={"OMP_NUM_THREADS": "5"})["OMP_NUM_THREADS"] == "5"
+
+
+def test_user_env_cannot_override_the_contract():
+    env = _env(RankPlace(1, 0, 2, 1), job={"RANK": "9", "MY_FLAG": "1"})
+    assert env["RANK"] == "1" and env["MY_FLAG"] == "1"
+
+
+def test_node_env_tells_lightning_the_topology_without_per_rank_variables():
+    env = node_env(1, num_nodes=2, local_world_size=4, base_env={"LOCAL_RANK": "3"}, job_env={}, cores_per_node=8,
+                   **COMMON)
+    assert "LOCAL_RANK" not in env and "RANK" not in env
+    assert env["NODE_RANK"] == "1" and env["WORLD_SIZE"] == "8" and env["LOCAL_WORLD_SIZE"] == "4"
+    assert env["PL_TRAINER_NUM_NODES"] == "2" and env["PL_TRAINER_DEVICES"] == "4"
+    assert env["LT_NUM_NODES"] == "2" and env["LT_DEVICES"] == "4"
+
+
+def test_rank_info_reads_back_what_rank_env_wrote():
+    info = RankInfo.from_env(_env(RankPlace(1, 1, 2, 2)))
+    assert (info.rank, info.local_rank, info.node_rank, info.world_size, info.local_world_size, info.num_nodes) == (
+        3, 1, 1, 4, 2, 2)
+    assert not info.is_main and info.master_port == 40123 and info.job_dir == "/tmp/job"
+    single = RankInfo.from_env({})
+    assert (single.rank, single.world_size, single.num_nodes, single.is_main) == (0, 1, 1, True)
+
+
+def test_world_size_mismatch_is_refused_with_a_hint():
+    info = RankInfo.from_env(_env(RankPlace(0, 0, 2, 2)))
+    info.check_world_size(4)
+    with pytest.raises(RuntimeError, match=r"world_size=2 .*WORLD_SIZE=4.*HINT: pass num_nodes=2 and devices=2"):
+        info.check_world_size(2)
