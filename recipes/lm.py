@@ -2,15 +2,17 @@
 
 The launcher starts every rank (LOCAL_RANK is set, so Lightning spawns nothing) and hands over the topology
 through the rank contract; the Trainer gets ``num_nodes``/``devices`` from it and refuses to train if its world
-differs from the launcher's. Rank 0 writes metrics (``metrics.csv``) and ``checkpoints/last.ckpt``; a rerun or a
-requeued job in the same dir resumes from that checkpoint.
+differs from the launcher's. The batch plan (``batch.global_size`` split into micro-batch x accumulation for this
+job's world and machine) arrives the same way: micro-batch = DataLoader batch_size, accumulation =
+``accumulate_grad_batches``. Rank 0 writes metrics (``metrics.csv``) and ``checkpoints/last.ckpt``; a rerun or a
+requeued job in the same dir resumes from that checkpoint. ``lm_fabric`` and ``lm_torch`` train the same model on
+the same data with Lightning Fabric and with raw PyTorch DDP.
 
     python train.py -m num_nodes=1,2 devices=2
     python train.py -m recipe.lr=0.5,1.0 num_nodes=2 devices=2
 """
 
 import os
-import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -20,7 +22,9 @@ import torch.nn.functional as F
 from lightning.pytorch.demos import Transformer
 
 from mmt import RankInfo
+from mmt.lightning import RequeueOnSignal, cluster_environment
 from recipes.corpus import load_splits, weights_digest
+from recipes.lm_common import StepClock, gather, summary
 
 
 class LanguageModel(L.LightningModule):
@@ -64,31 +68,18 @@ class LanguageData(L.LightningDataModule):
 
 
 class Throughput(L.Callback):
-    """Samples per second over the training loop, the first step (warm-up) excluded."""
+    """Times the training steps with the shared ``StepClock`` (what ``lm_fabric``/``lm_torch`` time too)."""
 
-    def __init__(self, global_batch: int) -> None:
-        self.global_batch, self.start, self.steps, self.end = global_batch, None, 0, None
+    def __init__(self, clock: StepClock) -> None:
+        self.clock, self.batches = clock, 0
 
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        now = time.perf_counter()
-        if self.start is None:
-            self.start = now
-        else:
-            self.steps, self.end = self.steps + 1, now
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.clock.start()
 
-    @property
-    def samples_per_s(self) -> Optional[float]:
-        if not self.steps or self.end is None or self.start is None:
-            return None
-        return self.steps * self.global_batch / (self.end - self.start)
-
-
-def _gather(value: Any, world_size: int) -> list:
-    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
-        return [value]
-    gathered: list = [None] * world_size
-    torch.distributed.all_gather_object(gathered, value)
-    return gathered
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.clock.stop(self.batches, len(batch[0]))
+        self.batches += 1
 
 
 def train(
@@ -97,8 +88,6 @@ def train(
     data_dir: str,
     block_size: int,
     val_fraction: float,
-    batch_size: int,
-    accumulate_grad_batches: int,
     lr: float,
     model: Dict[str, Any],
     max_steps: int,
@@ -108,21 +97,30 @@ def train(
     precision: str,
     resume: bool = True,
     output_dir: Optional[str] = None,
+    batch_size: Optional[int] = None,
+    accumulate_grad_batches: Optional[int] = None,
 ) -> Dict[str, Any]:
+    """Train; return rank 0's summary. ``batch_size``/``accumulate_grad_batches``: None = the launcher's plan.
+
+    ``max_steps`` and ``val_check_interval`` count optimizer steps, in all three LM recipes.
+    """
     rank = RankInfo.from_env()
     out = Path(output_dir or rank.job_dir or os.getcwd())
+    batch_size, accumulate_grad_batches = rank.batch_sizes(batch_size, accumulate_grad_batches)
     L.seed_everything(seed, workers=True, verbose=False)
     data = LanguageData(data_dir, block_size, val_fraction, batch_size, seed)
     module = LanguageModel(vocab_size=data.vocab_size, lr=lr, **model)
-    throughput = Throughput(batch_size * accumulate_grad_batches * rank.world_size)
+    throughput = Throughput(StepClock(rank.world_size, accumulate_grad_batches))
     checkpoints = L.pytorch.callbacks.ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0)
+    last = out / "checkpoints" / "last.ckpt"
+    environment = cluster_environment()  # under SLURM: Lightning's SLURM environment, its auto-requeue off
     trainer = L.Trainer(
         accelerator=accelerator,
         num_nodes=rank.num_nodes,
         devices=rank.local_world_size,
         strategy="ddp" if rank.world_size > 1 else "auto",
         max_steps=max_steps,
-        val_check_interval=val_check_interval,
+        val_check_interval=val_check_interval * accumulate_grad_batches,  # Lightning counts micro-batches here
         check_val_every_n_epoch=None,
         limit_val_batches=limit_val_batches,
         num_sanity_val_steps=0,
@@ -131,32 +129,25 @@ def train(
         precision=precision,
         logger=L.pytorch.loggers.CSVLogger(save_dir=out, name="", version=""),
         log_every_n_steps=1,
-        callbacks=[checkpoints, throughput],
+        callbacks=[checkpoints, throughput, RequeueOnSignal(str(last))],  # mmt owns the requeue signal
+        plugins=[environment] if environment else None,
         default_root_dir=out,
         enable_progress_bar=False,
         enable_model_summary=rank.is_main,
     )
     rank.check_world_size(trainer.world_size)
-    last = out / "checkpoints" / "last.ckpt"
     resumed = resume and last.exists()
     trainer.fit(module, datamodule=data, ckpt_path=str(last) if resumed else None)
 
-    digests = _gather(weights_digest(module), rank.world_size)
-    losses = module.train_losses
-    result = {
-        "val_loss": float(trainer.callback_metrics["val_loss"]),
-        "train_loss_first": losses[0] if losses else None,
-        "train_loss_last": sum(losses[-5:]) / len(losses[-5:]) if losses else None,
-        "steps": trainer.global_step,
-        "world_size": trainer.world_size,
-        "global_batch_size": batch_size * accumulate_grad_batches * rank.world_size,
-        "samples_per_s": throughput.samples_per_s,
-        "resumed_from_checkpoint": resumed,
-        "weights_in_sync": len(set(digests)) == 1,
-        "weight_digests": digests,
-        "checkpoint": str(last),
-    }
+    result = summary(val_loss=float(trainer.callback_metrics.get("val_loss", float("nan"))),
+                     train_losses=module.train_losses,
+                     steps=trainer.global_step, world_size=trainer.world_size, micro=batch_size,
+                     accumulate=accumulate_grad_batches, samples_per_s=throughput.clock.samples_per_s,
+                     resumed=resumed, digests=gather(weights_digest(module), rank.world_size), checkpoint=str(last))
+    environment = getattr(trainer.strategy, "cluster_environment", None)  # a single device has none
+    result["cluster_environment"] = type(environment).__name__ if environment is not None else None
     if rank.is_main:
-        print(f"lm: {trainer.global_step} steps on {rank.world_size} ranks, val_loss={result['val_loss']:.4f}, "
-              f"weights identical on all ranks: {result['weights_in_sync']}", flush=True)
+        print(f"lm: {trainer.global_step} steps on {rank.world_size} ranks (micro-batch {batch_size} x "
+              f"{accumulate_grad_batches}), val_loss={result['val_loss']:.4f}, weights identical on all ranks: "
+              f"{result['weights_in_sync']}", flush=True)
     return result

@@ -49,6 +49,9 @@ def _facts(rank: RankInfo) -> Dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "time": time.time(),
+        # under SLURM: the scheduler's own view, to check the launcher's mapping onto the contract
+        "slurm_procid": os.environ.get("SLURM_PROCID"),
+        "slurm_nodeid": os.environ.get("SLURM_NODEID"),
     }
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -86,3 +87,75 @@ def results(sweep_dir: Path) -> List[dict]:
 
 def job_dirs(sweep_dir: Path) -> List[Path]:
     return sorted(p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()) if sweep_dir.exists() else []
+
+
+# ------------------------------------------------------------------------------------------------ SLURM cluster
+
+CLUSTER_SCRIPT = REPO / "scripts" / "slurm_cluster.sh"
+
+
+def _cluster_env() -> Dict[str, str]:
+    out = subprocess.run([str(CLUSTER_SCRIPT), "env"], capture_output=True, text=True, check=True).stdout
+    name, value = out.strip().removeprefix("export ").split("=", 1)
+    return {name: value}
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The project's two-node SLURM cluster on this host, started for the tests (and stopped if we started it).
+
+    Skips where SLURM cannot run here (not root, no unshare); with MMT_REQUIRE_SLURM=1 (CI) it fails instead.
+    """
+    required = os.environ.get("MMT_REQUIRE_SLURM") == "1"
+    why = None
+    if os.geteuid() != 0:
+        why = "the test cluster needs root (it starts slurmd in their own namespaces)"
+    elif subprocess.run(["unshare", "--mount", "--uts", "true"], capture_output=True).returncode != 0:
+        why = "unshare --mount --uts is not permitted here (the nodes need their own hostname)"
+    if why:
+        if required:
+            pytest.fail(f"SLURM required (MMT_REQUIRE_SLURM=1) but {why}")
+        pytest.skip(why)
+    status = subprocess.run([str(CLUSTER_SCRIPT), "status"], capture_output=True, text=True)
+    started_here = status.returncode != 0
+    if started_here:
+        start = subprocess.run([str(CLUSTER_SCRIPT), "start"], capture_output=True, text=True, timeout=600)
+        if start.returncode != 0:
+            message = f"could not start the SLURM test cluster: {start.stderr[-2000:]}"
+            if required:
+                pytest.fail(message)
+            pytest.skip(message)
+    env = _cluster_env()
+    os.environ.update(env)
+    yield env
+    leftover = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True).stdout.strip()
+    if started_here:
+        subprocess.run([str(CLUSTER_SCRIPT), "stop"], capture_output=True, timeout=120)
+    assert leftover == "", f"jobs left in the queue after the tests: {leftover}"
+
+
+# ---------------------------------------------------------------------------------- tuner, shared recipe package
+
+
+def run_tune(*overrides: str, run_dir: Path, timeout: float = 300, **extra_env: str) -> subprocess.CompletedProcess:
+    """``python tune.py <overrides>`` from the repo root, its Hydra run dir (trial logs) in ``run_dir``."""
+    return subprocess.run([sys.executable, str(REPO / "tune.py"), *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO,
+                          env=app_env(None, **extra_env), capture_output=True, text=True, timeout=timeout)
+
+
+SHARED_RECIPES = REPO / "tests" / "fixtures" / "shared_recipes"
+SHARED_SEARCHPATH = "hydra.searchpath=[pkg://mmt_shared_recipes.conf]"
+
+
+@pytest.fixture(scope="session")
+def shared_recipes(tmp_path_factory) -> Path:
+    """The fixture recipe package (tests/fixtures/shared_recipes) installed into a fresh directory, as pip
+    would install a shared recipe repo; put the returned path on PYTHONPATH to use it."""
+    root = tmp_path_factory.mktemp("shared_recipes")
+    source = root / "src"
+    shutil.copytree(SHARED_RECIPES, source)  # pip builds in the source tree: keep the repo's copy clean
+    site = root / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-input",
+                    "--disable-pip-version-check", "--quiet", "--target", str(site), str(source)],
+                   check=True, capture_output=True, text=True, timeout=120)
+    return site

@@ -18,13 +18,26 @@ LOCAL_WORLD_SIZE   M
 NUM_NODES          N (the Lightning platform's name)
 OMP_NUM_THREADS    cores per node // M, unless the user set it
 =================  ==========================================================
+
+When the recipe states a global batch size, the launcher resolves its batch plan once and hands it to every
+rank (global = WORLD_SIZE x micro x accumulation):
+
+=====================  ================================================================
+MMT_GLOBAL_BATCH_SIZE  samples per optimizer step over all ranks
+MMT_MICRO_BATCH_SIZE   samples per rank per forward/backward (the DataLoader batch_size)
+MMT_GRAD_ACCUM         micro-batches accumulated per optimizer step
+=====================  ================================================================
+
+A command that starts its own local ranks (per-node mode), and any command run per rank, also gets the
+topology in the names Lightning reads: ``PL_TRAINER_NUM_NODES``/``PL_TRAINER_DEVICES`` (Trainer defaults) and
+``LT_NUM_NODES``/``LT_DEVICES`` (Fabric overrides), so a Trainer or Fabric that hard-codes nothing gets them right.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional, Tuple
 
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
@@ -39,11 +52,23 @@ OMP_NUM_THREADS = "OMP_NUM_THREADS"
 # where the job writes (its Hydra output dir) and which job this is; handy for `command=` scripts
 MMT_JOB_DIR = "MMT_JOB_DIR"
 MMT_JOB_ID = "MMT_JOB_ID"
+# the job's batch plan (only when the recipe states batch.global_size)
+MMT_GLOBAL_BATCH_SIZE = "MMT_GLOBAL_BATCH_SIZE"
+MMT_MICRO_BATCH_SIZE = "MMT_MICRO_BATCH_SIZE"
+MMT_GRAD_ACCUM = "MMT_GRAD_ACCUM"
+
+# What a command (Lightning Trainer/Fabric, torchrun, mp.spawn) needs to know the topology when it
+# creates the local ranks itself: Trainer reads PL_TRAINER_<ARG> as defaults, Fabric's LT_* override its arguments.
+PER_NODE_TOPOLOGY = {
+    "num_nodes": ("PL_TRAINER_NUM_NODES", "LT_NUM_NODES"),
+    "devices": ("PL_TRAINER_DEVICES", "LT_DEVICES"),
+}
 
 #: names a user may not set through ``env``: the launcher owns them
 RESERVED = frozenset(
     {MASTER_ADDR, MASTER_PORT, NODE_RANK, GROUP_RANK, LOCAL_RANK, RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NUM_NODES,
-     MMT_JOB_DIR, MMT_JOB_ID}
+     MMT_JOB_DIR, MMT_JOB_ID, MMT_GLOBAL_BATCH_SIZE, MMT_MICRO_BATCH_SIZE, MMT_GRAD_ACCUM,
+     *(name for names in PER_NODE_TOPOLOGY.values() for name in names)}
 )
 
 # Inherited variables that make a framework believe it runs somewhere else: a stray SLURM_NTASKS makes Lightning
@@ -55,12 +80,29 @@ _SCRUB_PREFIXES = (
 )
 _SCRUB_NAMES = RESERVED | {"GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
 
-# What a per-node command (Lightning Trainer/Fabric, torchrun, mp.spawn) needs to know the topology when it
-# creates the local ranks itself: Trainer reads PL_TRAINER_<ARG> as defaults, Fabric's LT_* override its arguments.
-PER_NODE_TOPOLOGY = {
-    "num_nodes": ("PL_TRAINER_NUM_NODES", "LT_NUM_NODES"),
-    "devices": ("PL_TRAINER_DEVICES", "LT_DEVICES"),
-}
+
+
+def topology_hints(num_nodes: int, local_world_size: int) -> dict[str, str]:
+    """The topology in Lightning's own variables, for scripts that construct a Trainer/Fabric themselves."""
+    env = {}
+    for key, value in (("num_nodes", num_nodes), ("devices", local_world_size)):
+        for name in PER_NODE_TOPOLOGY[key]:
+            env[name] = str(value)
+    return env
+
+
+def batch_env(global_size: int, micro: int, accumulate: int) -> dict[str, str]:
+    """The batch plan as variables: pass it as ``extra`` to :func:`rank_env` / :func:`node_env`."""
+    return {MMT_GLOBAL_BATCH_SIZE: str(global_size), MMT_MICRO_BATCH_SIZE: str(micro),
+            MMT_GRAD_ACCUM: str(accumulate)}
+
+
+def _with_extra(env: dict[str, str], extra: Optional[Mapping[str, str]]) -> dict[str, str]:
+    if extra:
+        clash = {k for k in extra if k in env and env[k] != str(extra[k])}
+        assert not clash, f"extra variables would change the rank contract: {sorted(clash)}"
+        env.update({k: str(v) for k, v in extra.items()})
+    return env
 
 
 def scrubbed(base_env: Mapping[str, str]) -> dict[str, str]:
@@ -107,12 +149,16 @@ def _common(node_rank: int, num_nodes: int, local_world_size: int, master_addr: 
     }
 
 
-def contract_env(place: RankPlace, *, master_addr: str, master_port: int, job_dir: str, job_id: str) -> dict[str, str]:
-    """The contract variables of one rank, and nothing else (what a dry run shows)."""
+def contract_env(place: RankPlace, *, master_addr: str, master_port: int, job_dir: str, job_id: str,
+                 extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """The contract variables of one rank, and nothing else (what a dry run shows).
+
+    ``extra``: launcher-owned additions (:func:`batch_env`, :func:`topology_hints`); they may not change the rest.
+    """
     env = _common(place.node_rank, place.num_nodes, place.local_world_size, master_addr, master_port, job_dir, job_id)
     env[LOCAL_RANK] = str(place.local_rank)
     env[RANK] = str(place.rank)
-    return env
+    return _with_extra(env, extra)
 
 
 def rank_env(
@@ -125,24 +171,25 @@ def rank_env(
     base_env: Mapping[str, str],
     job_env: Mapping[str, str],
     cores_per_node: int,
+    extra: Optional[Mapping[str, str]] = None,
 ) -> dict[str, str]:
-    """The full environment of one rank: scrubbed ``base_env``, then the user's ``job_env``, then the contract."""
+    """The full environment of one rank: scrubbed ``base_env``, then the user's ``job_env``, then the contract
+    (with the launcher's ``extra`` variables, e.g. :func:`batch_env`)."""
     env = scrubbed(base_env)
     env.update(job_env)
     if OMP_NUM_THREADS not in env:
         env[OMP_NUM_THREADS] = _threads_per_rank(cores_per_node, place.local_world_size)
-    env.update(contract_env(place, master_addr=master_addr, master_port=master_port, job_dir=job_dir, job_id=job_id))
+    env.update(contract_env(place, master_addr=master_addr, master_port=master_port, job_dir=job_dir, job_id=job_id,
+                            extra=extra))
     return env
 
 
 def node_contract_env(node_rank: int, *, num_nodes: int, local_world_size: int, master_addr: str, master_port: int,
-                      job_dir: str, job_id: str) -> dict[str, str]:
+                      job_dir: str, job_id: str, extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """The contract of one node whose command creates its own ``local_world_size`` ranks (no RANK/LOCAL_RANK)."""
     env = _common(node_rank, num_nodes, local_world_size, master_addr, master_port, job_dir, job_id)
-    for names, value in ((PER_NODE_TOPOLOGY["num_nodes"], num_nodes), (PER_NODE_TOPOLOGY["devices"], local_world_size)):
-        for name in names:
-            env[name] = str(value)
-    return env
+    env.update(topology_hints(num_nodes, local_world_size))
+    return _with_extra(env, extra)
 
 
 def node_env(
@@ -157,6 +204,7 @@ def node_env(
     base_env: Mapping[str, str],
     job_env: Mapping[str, str],
     cores_per_node: int,
+    extra: Optional[Mapping[str, str]] = None,
 ) -> dict[str, str]:
     """The full environment of a per-node command: like :func:`rank_env` without the per-rank variables."""
     env = scrubbed(base_env)
@@ -164,7 +212,8 @@ def node_env(
     if OMP_NUM_THREADS not in env:
         env[OMP_NUM_THREADS] = _threads_per_rank(cores_per_node, local_world_size)
     env.update(node_contract_env(node_rank, num_nodes=num_nodes, local_world_size=local_world_size,
-                                 master_addr=master_addr, master_port=master_port, job_dir=job_dir, job_id=job_id))
+                                 master_addr=master_addr, master_port=master_port, job_dir=job_dir, job_id=job_id,
+                                 extra=extra))
     return env
 
 
@@ -181,6 +230,10 @@ class RankInfo:
     master_addr: str
     master_port: int
     job_dir: Optional[str]
+    # the job's batch plan (None outside a job whose recipe states batch.global_size)
+    global_batch_size: Optional[int] = None
+    micro_batch_size: Optional[int] = None
+    grad_accum: Optional[int] = None
 
     @property
     def is_main(self) -> bool:
@@ -192,7 +245,7 @@ class RankInfo:
         """Read the contract; outside an mmt job this is a single process world (1 node x 1 process)."""
         env = os.environ if environ is None else environ
 
-        def number(name: str, default: int) -> int:
+        def number(name: str, default: Any) -> Any:
             raw = env.get(name)
             if raw is None or raw == "":
                 return default
@@ -213,7 +266,29 @@ class RankInfo:
             master_addr=env.get(MASTER_ADDR, "127.0.0.1"),
             master_port=number(MASTER_PORT, 29500),
             job_dir=env.get(MMT_JOB_DIR),
+            global_batch_size=number(MMT_GLOBAL_BATCH_SIZE, None),
+            micro_batch_size=number(MMT_MICRO_BATCH_SIZE, None),
+            grad_accum=number(MMT_GRAD_ACCUM, None),
         )
+
+    def batch_sizes(self, micro: Optional[int] = None, accumulate: Optional[int] = None,
+                    default_micro: int = 16) -> Tuple[int, int]:
+        """(micro-batch, accumulation) for this rank: explicit values, else the launcher's batch plan, else
+        (``default_micro``, 1) outside a planned job.
+
+        An explicit value that contradicts the plan is refused: the plan is what the dry run showed.
+        """
+        planned = (self.micro_batch_size, self.grad_accum)
+        if planned[0] is None:
+            return (micro or default_micro, accumulate or 1)
+        chosen = (micro or planned[0], accumulate or planned[1])
+        if chosen != planned:
+            raise ValueError(
+                f"the recipe was given micro-batch {chosen[0]} x accumulation {chosen[1]} but the launcher planned "
+                f"{planned[0]} x {planned[1]} for global batch {self.global_batch_size} on {self.world_size} ranks. "
+                "HINT: change batch.global_size or batch.micro instead of the recipe's batch_size"
+            )
+        return chosen
 
     def check_world_size(self, actual: int, who: str = "trainer") -> None:
         """Refuse to train when a framework computed another world than the launcher created.

@@ -37,8 +37,9 @@ def _cost_lines(plan: JobPlan) -> List[str]:
 
 def _env_lines(plan: JobPlan) -> List[str]:
     """The contract every process gets: shared values once, then each process's own values."""
-    per_node = plan.processes_per_node == 1 and plan.command is not None
-    ident = dict(master_addr="$MASTER_ADDR", master_port=0, job_dir=plan.job_dir, job_id=plan.job_id)
+    per_node = plan.per_node
+    ident = dict(master_addr="$MASTER_ADDR", master_port=0, job_dir=plan.job_dir, job_id=plan.job_id,
+                 extra=plan.extra_env())
     envs = []
     for place in plan.places():
         if per_node:
@@ -59,8 +60,14 @@ def _env_lines(plan: JobPlan) -> List[str]:
     return lines
 
 
+def _no_batch(plan: JobPlan) -> str:
+    if plan.command is not None:
+        return "(none: a command chooses its own batch size)"
+    return "(none: the recipe states no batch.global_size)"
+
+
 def render(plan: JobPlan, backend_lines: List[str]) -> str:
-    per_node = plan.processes_per_node == 1 and plan.command is not None
+    per_node = plan.per_node
     if plan.command is None:
         runs = "the task function on every rank"
     else:
@@ -71,6 +78,7 @@ def render(plan: JobPlan, backend_lines: List[str]) -> str:
         f"  machine    {_machine_line(plan)}",
         f"  image      {plan.image or '(none: this environment)'}",
         f"  runs       {runs}",
+        f"  batch      {plan.batch.describe() if plan.batch else _no_batch(plan)}",
         f"  time limit {plan.timeout_s / 60:g} min",
         f"  job dir    {plan.job_dir}",
         *backend_lines,

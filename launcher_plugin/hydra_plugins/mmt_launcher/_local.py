@@ -201,12 +201,13 @@ class LocalBackend:
         port = self.ports.allocate()
         logs = Path(plan.job_dir) / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        per_node = plan.processes_per_node == 1 and plan.command is not None
+        per_node = plan.per_node
         cores_per_node = max(1, cpu_cores() // plan.num_nodes)  # simulated nodes share this host's cores
         started = time.monotonic()
         job = _Job(plan=plan, processes=[], started=started, gpus=gpus, deadline=started + plan.timeout_s)
         common = dict(master_addr=self.settings.master_addr, master_port=port, job_dir=plan.job_dir,
-                      job_id=plan.job_id, base_env=os.environ, job_env=plan.env, cores_per_node=cores_per_node)
+                      job_id=plan.job_id, base_env=os.environ, job_env=plan.env, cores_per_node=cores_per_node,
+                      extra=plan.extra_env())
         for index, place in enumerate(plan.places()):
             if per_node:
                 env = node_env(place.node_rank, num_nodes=plan.num_nodes, local_world_size=plan.devices, **common)

@@ -41,6 +41,9 @@ def write_atomic(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; results are for everyone who may read the dir
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -4,13 +4,14 @@ Backends only execute plans; the dry run only renders them (plan, then submit).
 """
 
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from mmt.rank_env import RankPlace
+from mmt.rank_env import RankPlace, topology_hints
 
 from . import _validate as check
+from ._batch import BatchPlan, plan_batch
 from .errors import ConfigError
 
 _MACHINE_KEYS = ("name", "accelerator", "gpus", "cpus")
@@ -59,6 +60,8 @@ class JobPlan:
     dry_run: bool
     summary_metric: Optional[str] = None
     preload: Tuple[str, ...] = field(default_factory=tuple)
+    # the recipe's global batch split over this job's ranks; None without batch.global_size, and for commands
+    batch: Optional[BatchPlan] = None
 
     @property
     def name(self) -> str:
@@ -69,9 +72,25 @@ class JobPlan:
         return self.num_nodes * self.devices
 
     @property
+    def per_node(self) -> bool:
+        """True when a command runs once per node and starts the node's ranks itself."""
+        return self.command is not None and self.command_mode == "per_node"
+
+    @property
     def processes_per_node(self) -> int:
         """Processes the launcher starts per node: one in per-node command mode, else one per device."""
-        return 1 if self.command is not None and self.command_mode == "per_node" else self.devices
+        return 1 if self.per_node else self.devices
+
+    def extra_env(self) -> Dict[str, str]:
+        """What every process gets on top of the rank contract: pass it as ``extra`` to rank_env / node_env.
+
+        The batch plan; and for a command run per rank, the topology in Lightning's names, so that a Trainer or
+        Fabric script that hard-codes nothing sees the whole world (per-node commands get it from node_env).
+        """
+        env = self.batch.env() if self.batch is not None else {}
+        if self.command is not None and self.command_mode == "per_rank":
+            env.update(topology_hints(self.num_nodes, self.devices))
+        return env
 
     def places(self) -> List[RankPlace]:
         """The processes the launcher starts, in rank order (per-node mode: local_rank 0 stands for the node)."""
@@ -142,13 +161,15 @@ def plan_job(launcher_cfg: DictConfig, *, num: int, job_id: str, overrides: List
         raise ConfigError("command", command, "expected a non-empty shell command, or null to run the recipe",
                           "e.g. command='python my_script.py --epochs 2'")
     preload = OmegaConf.select(launcher_cfg, "preload", default=None)
+    num_nodes = check.whole_number("num_nodes", launcher_cfg.num_nodes, 1, "nodes per job, e.g. num_nodes=2")
+    devices = _devices(launcher_cfg.devices, machine)
     return JobPlan(
         num=num,
         job_id=job_id,
         overrides=tuple(overrides),
         job_dir=job_dir,
-        num_nodes=check.whole_number("num_nodes", launcher_cfg.num_nodes, 1, "nodes per job, e.g. num_nodes=2"),
-        devices=_devices(launcher_cfg.devices, machine),
+        num_nodes=num_nodes,
+        devices=devices,
         machine=machine,
         image=check.optional_text("image", launcher_cfg.image, "a container image name",
                                   "e.g. image=nvcr.io/nvidia/pytorch:24.05-py3"),
@@ -159,6 +180,10 @@ def plan_job(launcher_cfg: DictConfig, *, num: int, job_id: str, overrides: List
                                                "minutes per job, e.g. hydra.launcher.timeout_min=30"),
         dry_run=bool(launcher_cfg.dry_run),
         summary_metric=launcher_cfg.summary_metric,
-        preload=tuple(OmegaConf.to_container(preload)) if preload is not None else (),
+        # a command starts its own interpreters: preloading the recipe's modules would only delay it
+        preload=tuple(OmegaConf.to_container(preload)) if preload is not None and command is None else (),
+        # the batch section belongs to the recipe; a command replaces the recipe
+        batch=None if command is not None else plan_batch(OmegaConf.select(launcher_cfg, "batch", default=None),
+                                                          machine=machine, num_nodes=num_nodes, devices=devices),
     )
 

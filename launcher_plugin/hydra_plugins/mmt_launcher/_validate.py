@@ -23,6 +23,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def plain(value: Any) -> Any:
+    """A config node as plain Python (dicts, lists, scalars), interpolations resolved."""
+    return _plain(value)
+
+
 def whole_number(key: str, value: Any, minimum: int, hint: str) -> int:
     value = _plain(value)
     # bool is an int in Python; `num_nodes=true` is still a mistake

@@ -11,14 +11,13 @@ and no callbacks, so a job dir is written once however many ranks it has; their 
 import copy
 import json
 import os
-import signal
-import subprocess
 import sys
 import traceback
 from pathlib import Path
 from typing import Any, Optional
 
 from . import _payload
+from ._command import CommandFailedError, command_task  # noqa: F401  (CommandFailedError: unpickled by name)
 
 
 def _secondary_config(config: Any) -> Any:
@@ -45,23 +44,8 @@ def _without_file_handlers(logging_cfg: Any) -> Any:
     return logging_cfg
 
 
-class CommandFailedError(RuntimeError):
-    pass
-
-
-def _command_task(command: str):
-    """A task function that runs ``command`` in a shell with this process's environment (the rank contract)."""
-
-    def run_command(_cfg: Any) -> int:
-        sys.stdout.flush()
-        completed = subprocess.run(["/bin/sh", "-c", command], env=os.environ.copy())
-        if completed.returncode != 0:
-            code = completed.returncode
-            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-            raise CommandFailedError(f"command {command!r} {how}")
-        return 0
-
-    return run_command
+# command mode: the task function runs the command and owns the processes it starts (see _command.py)
+_command_task = command_task
 
 
 def _apply_thread_count() -> None:

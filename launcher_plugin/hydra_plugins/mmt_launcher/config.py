@@ -35,12 +35,18 @@ class JobConf:
     command_mode: Any = "${oc.select:command_mode,per_node}"
     # extra environment variables for every rank: {NAME: value}
     env: Any = "${oc.select:env,null}"
+    # the recipe's batch section: global_size (+ recipe, precision, default_micro, micro, table); the plan splits
+    # it into micro-batch x accumulation for each job's world and machine (see _batch.py); null = no batch plan
+    batch: Any = "${oc.select:batch,null}"
     # wall-clock limit of one job, in minutes; when it is reached every rank is stopped and the job is TIMEOUT
     timeout_min: Any = 60
     # print each job's plan (ranks, env, command, machine, cost estimate) and start nothing
     dry_run: bool = False
     # key of the returned dict shown as the metric in the sweep summary; null = its first number
     summary_metric: Optional[str] = None
+    # local backend: modules its agent imports once before forking the ranks (recipes name what they import);
+    # never a module that initialises CUDA on import. Other backends ignore it.
+    preload: List[str] = field(default_factory=lambda: ["torch"])
 
 
 @dataclass
@@ -56,8 +62,6 @@ class LocalLauncherConf(JobConf):
     # fork: ranks are forked from a per-host agent that imported `preload` once (fast start);
     # spawn: every rank is a fresh interpreter (slower, for code that is not fork-safe)
     start_method: str = "fork"
-    # modules the agent imports once before forking ranks; never a module that initialises CUDA on import
-    preload: List[str] = field(default_factory=lambda: ["torch"])
     # seconds between SIGTERM and SIGKILL when ranks are stopped
     kill_grace_s: float = 1.0
     # whose output the console shows live, prefixed with job, node and rank: rank0 | all | none

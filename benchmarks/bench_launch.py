@@ -1,0 +1,121 @@
+"""Launch overhead: a 2 nodes x 2 processes probe job, end to end, mmt against three anchors, in one run.
+
+    (a) mmt:     python train.py -m recipe=probe num_nodes=2 devices=2      (Hydra compose + plan + 4 ranks)
+    (b) shell:   4 bare processes started by a shell with the same rank env  (no launcher at all)
+    (c) torchrun: two torchrun agents x 2 processes, static rendezvous      (the usual glue)
+    (d) submitit: hydra-submitit-launcher submitit_local, tasks_per_node=4  (the Hydra plugin people use)
+
+Every variant runs the same probe (process group, all_reduce, all_gather_object, barrier) and must succeed.
+The variants alternate within each round, and the medians of ``--rounds`` rounds are compared as ratios.
+
+    python benchmarks/bench_launch.py --rounds 5
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    env.update(PYTHONPATH=str(REPO), **extra)
+    return env
+
+
+def run_mmt(scratch: Path) -> None:
+    subprocess.run([PY, "train.py", "-m", "recipe=probe", "num_nodes=2", "devices=2",
+                    f"hydra.sweep.dir={scratch}/mmt"], cwd=REPO, env=_env(), check=True, capture_output=True)
+
+
+def run_shell(scratch: Path) -> None:
+    port = _free_port()
+    lines = [f"MASTER_ADDR=127.0.0.1 MASTER_PORT={port} WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 NUM_NODES=2 "
+             f"NODE_RANK={r // 2} LOCAL_RANK={r % 2} RANK={r} OMP_NUM_THREADS=1 {PY} benchmarks/probe_main.py &"
+             for r in range(4)]
+    script = "\n".join(lines) + "\nfor job in $(jobs -p); do wait $job || exit 1; done\n"
+    subprocess.run(["/bin/sh", "-c", script], cwd=REPO, env=_env(), check=True, capture_output=True)
+
+
+def run_torchrun(scratch: Path) -> None:
+    port = _free_port()
+    agents = [
+        subprocess.Popen([PY, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
+                          f"--node-rank={node}", "--rdzv-backend=static", "--master-addr=127.0.0.1",
+                          f"--master-port={port}", "benchmarks/probe_main.py"],
+                         cwd=REPO, env=_env(OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+        for node in range(2)
+    ]
+    codes = [agent.wait() for agent in agents]
+    if any(codes):
+        raise RuntimeError(f"torchrun agents exited {codes}")
+
+
+def run_submitit(scratch: Path) -> None:
+    subprocess.run([PY, "benchmarks/submitit_probe_app.py", "-m", "hydra/launcher=submitit_local",
+                    "hydra.launcher.tasks_per_node=4", "hydra.launcher.timeout_min=5",
+                    f"hydra.sweep.dir={scratch}/submitit"], cwd=REPO, env=_env(OMP_NUM_THREADS="1"), check=True,
+                   capture_output=True)
+
+
+VARIANTS: Dict[str, Callable[[Path], None]] = {
+    "a_mmt": run_mmt, "b_shell": run_shell, "c_torchrun": run_torchrun, "d_submitit_local": run_submitit,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    times: Dict[str, List[float]] = {name: [] for name in VARIANTS}
+    scratch = Path(tempfile.mkdtemp(prefix="mmt-bench-"))
+    try:
+        for name, run in VARIANTS.items():  # warm-up: page cache, .pyc files
+            run(scratch)
+        for round_ in range(args.rounds):
+            order = list(VARIANTS.items())
+            order = order[round_ % len(order):] + order[:round_ % len(order)]  # alternate who goes first
+            for name, run in order:
+                started = time.perf_counter()
+                run(scratch)
+                times[name].append(time.perf_counter() - started)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    a = medians["a_mmt"]
+    report = {
+        "rounds": args.rounds,
+        "cpu_cores": os.cpu_count(),
+        "median_s": {k: round(v, 3) for k, v in medians.items()},
+        "all_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+        "ratios": {"a/b": round(a / medians["b_shell"], 3), "a/c": round(a / medians["c_torchrun"], 3),
+                   "a/d": round(a / medians["d_submitit_local"], 3)},
+    }
+    for name, median in medians.items():
+        print(f"{name:18s} median {median:6.2f} s   runs {', '.join(f'{x:.2f}' for x in times[name])}")
+    print("ratios  " + "  ".join(f"{k} = {v:.2f}" for k, v in report["ratios"].items()))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Lightning glue for mmt jobs: the cluster environment to use and the requeue-on-signal callback.
+
+Imports Lightning; import this module only from training code.
+"""
+
+import time
+from typing import Any, Optional
+
+import lightning as L
+from lightning.fabric.plugins.environments import SLURMEnvironment
+
+from mmt import preemption
+
+
+def cluster_environment() -> Optional[SLURMEnvironment]:
+    """Under SLURM: Lightning's SLURMEnvironment with its auto-requeue off (mmt owns requeueing); else None (auto).
+
+    Lightning then validates ``devices == --ntasks-per-node`` and ``num_nodes == --nodes`` itself.
+    """
+    return SLURMEnvironment(auto_requeue=False) if SLURMEnvironment.detect() else None
+
+
+class RequeueOnSignal(L.Callback):
+    """On the requeue signal: checkpoint at the next epoch end, requeue the job, stop every rank.
+
+    The ranks agree at every step (one tiny all-reduce, only inside an mmt SLURM task), so all of them save the
+    same step. The checkpoint is written at the end of the epoch because Lightning resumes exactly from an epoch
+    boundary (mid-epoch it restarts the epoch's data order). It also stores the RNG states, so dropout and
+    shuffling continue as if nothing happened: a requeued run ends with the weights of an uninterrupted one.
+    """
+
+    def __init__(self, checkpoint_path: str) -> None:
+        self.checkpoint_path = checkpoint_path
+        self.pending = False
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if preemption.installed() and not self.pending:
+            self.pending = trainer.strategy.reduce_boolean_decision(preemption.requested(), all=False)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.pending:
+            return
+        if trainer.global_step >= (trainer.max_steps if trainer.max_steps > 0 else float("inf")):
+            return  # the last epoch: finishing is better than requeueing
+        allowed = preemption.requeue_allowed()
+        if not allowed:
+            print("mmt: requeue limit reached; training on until SLURM stops the job", flush=True)
+            self.pending = False
+            return
+        trainer.save_checkpoint(self.checkpoint_path)
+        trainer.strategy.barrier("mmt-requeue")
+        if trainer.is_global_zero:
+            preemption.requeue()
+            print(f"mmt: checkpoint {self.checkpoint_path} written at step {trainer.global_step}; job requeued",
+                  flush=True)
+        time.sleep(1.0)  # let the controller register the requeue before any task exits
+        raise preemption.Requeued(f"requeued at step {trainer.global_step}")
+
+    def state_dict(self) -> dict:
+        return {"rng": _rng_state()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        _set_rng_state(state_dict["rng"])
+
+
+def _rng_state() -> dict:
+    import random
+
+    import numpy
+    import torch
+
+    # plain lists and tensors only: Lightning loads checkpoints with torch.load(weights_only=True)
+    kind, keys, position, has_gauss, cached = numpy.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": [kind, keys.tolist(), position, has_gauss, cached]}
+
+
+def _set_rng_state(state: dict) -> None:
+    import random
+
+    import numpy
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    kind, keys, position, has_gauss, cached = state["numpy"]
+    numpy.random.set_state((kind, numpy.array(keys, dtype=numpy.uint32), position, has_gauss, cached))

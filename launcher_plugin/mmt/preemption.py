@@ -1,0 +1,63 @@
+"""Preemption and requeue on SLURM: mmt owns the requeue signal, and only mmt.
+
+SLURM sends ``SIGUSR2`` to every task ``signal_delay_s`` before the time limit (``#SBATCH --signal=USR2@N``), and a
+site or ``scancel --signal=USR2`` sends it on preemption. Exactly one component may act on it, or a job is
+checkpointed twice, requeued twice, or killed while saving (submitit #1709, Lightning #20056). mmt takes it:
+
+* the SLURM task wrapper installs :func:`install` in every rank, replacing submitit's handler (submitit still
+  submits and watches the job; its own checkpoint/requeue never runs), and Lightning's SLURM auto-requeue is
+  switched off (:func:`mmt.lightning.cluster_environment`);
+* the handler only sets a flag; training code (``mmt.lightning.RequeueOnSignal``) agrees on it across ranks at
+  a step boundary, checkpoints at the next epoch end (where Lightning resumes exactly), and calls
+  :func:`requeue`; the requeued job starts again in the same output dir and resumes from that checkpoint.
+
+Outside an mmt SLURM task nothing is installed and :func:`requested` is always False.
+"""
+
+import os
+import signal
+import subprocess
+
+REQUEUE_SIGNAL = signal.SIGUSR2
+# how many times one job may be requeued (the launcher sets it from hydra.launcher.max_requeues)
+MAX_REQUEUES_VAR = "MMT_MAX_REQUEUES"
+
+_state = {"installed": False, "requested": False}
+
+
+class Requeued(Exception):
+    """Raised on every rank once the job has been checkpointed and requeued; the task then exits quietly."""
+
+
+def _handle(signum: int, _frame: object) -> None:
+    _state["requested"] = True
+    print(f"mmt: received {signal.Signals(signum).name}: checkpoint and requeue at the next epoch end", flush=True)
+
+
+def install() -> None:
+    """Make the requeue signal set a flag in this process (called by the SLURM task wrapper)."""
+    signal.signal(REQUEUE_SIGNAL, _handle)
+    _state["installed"] = True
+
+
+def installed() -> bool:
+    return _state["installed"]
+
+
+def requested() -> bool:
+    """True once this process received the requeue signal."""
+    return _state["requested"]
+
+
+def restarts() -> int:
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
+def requeue_allowed() -> bool:
+    return restarts() < int(os.environ.get(MAX_REQUEUES_VAR, "0") or 0)
+
+
+def requeue() -> None:
+    """Ask SLURM to requeue this job (same job id, same output dir). Call on one rank, after checkpointing."""
+    job_id = os.environ["SLURM_JOB_ID"]
+    subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True, text=True, timeout=60)

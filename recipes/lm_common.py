@@ -1,0 +1,78 @@
+"""What the three LM recipes (Trainer ``lm``, Fabric ``lm_fabric``, raw PyTorch ``lm_torch``) share, so that their
+results and speed compare: the same data, the same model, the same batch plan and the same way of measuring.
+"""
+
+import csv
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+
+class StepClock:
+    """Samples per second inside the training steps (forward, backward, optimizer step), over all ranks.
+
+    Data loading, validation and checkpointing are left out, and so is everything up to the end of the first
+    optimizer step (warm-up: allocator, DDP buckets), the same way in all three recipes. Samples are counted as
+    they come: the last batch of an epoch is smaller (DistributedSampler gives every rank the same number).
+    """
+
+    def __init__(self, world_size: int, accumulate: int) -> None:
+        self.world_size, self.accumulate = world_size, accumulate
+        self.samples, self.seconds, self._started = 0, 0.0, None
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+
+    def stop(self, batch_index: int, batch_samples: int) -> None:
+        """End of micro-batch ``batch_index`` (counted from 0 over the run) of ``batch_samples`` on this rank."""
+        assert self._started is not None, "stop() without start()"
+        if batch_index >= self.accumulate:  # past the first optimizer step
+            self.seconds += time.perf_counter() - self._started
+            self.samples += batch_samples * self.world_size
+        self._started = None
+
+    @property
+    def samples_per_s(self) -> Optional[float]:
+        return self.samples / self.seconds if self.seconds > 0 else None
+
+
+def gather(value: Any, world_size: int) -> List[Any]:
+    """``value`` from every rank, in rank order (just ``[value]`` outside a process group)."""
+    import torch.distributed as dist
+
+    if world_size == 1 or not dist.is_available() or not dist.is_initialized():
+        return [value]
+    gathered: List[Any] = [None] * world_size
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def summary(*, val_loss: float, train_losses: List[float], steps: int, world_size: int, micro: int,
+            accumulate: int, samples_per_s: Optional[float], resumed: bool, digests: List[str],
+            checkpoint: str) -> Dict[str, Any]:
+    """The result every LM recipe returns (rank 0's is the job's result)."""
+    return {
+        "val_loss": float(val_loss),
+        "train_loss_first": train_losses[0] if train_losses else None,
+        "train_loss_last": sum(train_losses[-5:]) / len(train_losses[-5:]) if train_losses else None,
+        "steps": steps,
+        "world_size": world_size,
+        "global_batch_size": micro * accumulate * world_size,
+        "micro_batch_size": micro,
+        "grad_accum": accumulate,
+        "samples_per_s": samples_per_s,
+        "resumed_from_checkpoint": resumed,
+        "weights_in_sync": len(set(digests)) == 1,
+        "weight_digests": digests,
+        "checkpoint": checkpoint,
+    }
+
+
+def append_metrics(path: Path, rows: List[Dict[str, Any]]) -> None:
+    """Rank 0's ``metrics.csv``: one row per validation (step, train_loss, val_loss); appended on resume."""
+    new = not path.exists()
+    with open(path, "a", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["step", "train_loss", "val_loss"])
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)

@@ -1,0 +1,144 @@
+"""The batch plan: a recipe's global batch split into world x micro-batch x accumulation, limited per device by
+the tuned table, refused with a hint when it cannot divide; shown in the dry run and handed to every rank."""
+
+import re
+
+import pytest
+import yaml
+
+from conftest import job_dirs, run_app
+from hydra_plugins.mmt_launcher._batch import plan_batch
+from hydra_plugins.mmt_launcher._plan import Machine
+from hydra_plugins.mmt_launcher.errors import ConfigError
+from mmt.rank_env import RankInfo, RankPlace, rank_env
+from mmt.tuned import write_entry
+
+CPU = Machine(name="cpu", accelerator="cpu", gpus=0, cpus=4, memory_gb=16)
+A100_X_8 = Machine(name="a100_x_8", accelerator="gpu", gpus=8, cpus=96, memory_gb=1152, gpu_memory_gb=40)
+
+
+def _plan(global_size, num_nodes, devices, machine=CPU, **spec):
+    spec = {"global_size": global_size, "recipe": "lm", "precision": "32-true", "default_micro": 16, **spec}
+    return plan_batch(spec, machine=machine, num_nodes=num_nodes, devices=devices)
+
+
+@pytest.mark.parametrize("global_size", [96, 240, 256, 768])
+@pytest.mark.parametrize("limit", [1, 7, 16, 64])
+def test_plan_arithmetic_from_1x1_to_4x8(global_size, limit):
+    for num_nodes in (1, 2, 3, 4):
+        for devices in (1, 2, 4, 8):
+            world = num_nodes * devices
+            if global_size % world:
+                with pytest.raises(ConfigError):
+                    _plan(global_size, num_nodes, devices, default_micro=limit)
+                continue
+            plan = _plan(global_size, num_nodes, devices, default_micro=limit)
+            assert plan.world_size == world and plan.limit == limit
+            assert world * plan.micro * plan.accumulate == global_size
+            # the largest micro-batch within the limit that splits the rank's share evenly
+            share = global_size // world
+            assert plan.micro == max(m for m in range(1, min(share, limit) + 1) if share % m == 0)
+
+
+def test_worked_examples():
+    assert (_plan(256, 1, 1).micro, _plan(256, 1, 1).accumulate) == (16, 16)
+    assert (_plan(256, 4, 8).micro, _plan(256, 4, 8).accumulate) == (8, 1)  # share 8 < limit 16
+    assert (_plan(240, 2, 4, default_micro=16).micro, _plan(240, 2, 4, default_micro=16).accumulate) == (15, 2)
+    assert (_plan(96, 3, 2, default_micro=7).micro, _plan(96, 3, 2, default_micro=7).accumulate) == (4, 4)
+    assert _plan(None, 2, 2) is None and plan_batch(None, machine=CPU, num_nodes=1, devices=1) is None
+
+
+def test_indivisible_global_batch_names_the_node_counts_that_work():
+    with pytest.raises(ConfigError) as caught:
+        _plan(96, 5, 2)
+    assert str(caught.value) == (
+        "Invalid batch.global_size=96: must be divisible by the world size 10 (5 nodes x 2 devices) so that every "
+        "rank takes the same share of each optimizer step. HINT: with devices=2, num_nodes=1,2,3,4,6,8,12,16,24,48 "
+        "divide it; or keep num_nodes=5 and set batch.global_size=90 or 100")
+
+
+def test_forced_micro_batch_must_divide_and_fit():
+    plan = _plan(64, 2, 2, micro=8)
+    assert (plan.micro, plan.accumulate) == (8, 2) and "batch.micro forced 8" in plan.limit_source
+    with pytest.raises(ConfigError, match=r"Invalid batch.micro=32: must divide .* = 16 and be <= the limit 16 .*"
+                                          r"HINT: use one of 1, 2, 4, 8, 16"):
+        _plan(64, 2, 2, micro=32)
+    with pytest.raises(ConfigError, match=r"Invalid batch.micro=3: must divide"):
+        _plan(64, 2, 2, micro=3)
+
+
+def test_bad_batch_sections_are_refused():
+    with pytest.raises(ConfigError, match=r"Invalid batch.global_size=0: expected a whole number >= 1"):
+        _plan(0, 1, 1)
+    with pytest.raises(ConfigError, match=r"Invalid batch.globl_size=64: not a batch key"):
+        plan_batch({"globl_size": 64}, machine=CPU, num_nodes=1, devices=1)
+    with pytest.raises(ConfigError, match=r"Invalid batch.table='pkg://no_such_package_x/t.yaml': package "
+                                          r"'no_such_package_x'.*cannot be found"):
+        _plan(64, 1, 1, table="pkg://no_such_package_x/t.yaml")
+
+
+def _entry(machine, memory, micro, precision="32-true"):
+    return {"recipe": "lm", "machine": machine, "precision": precision, "memory_per_device_gb": memory,
+            "micro_batch": micro, "tuned_at": "2026-01-02", "versions": {"torch": "2.13.0", "lightning": "2.6.6"},
+            "samples_per_s": 123.0}
+
+
+def test_the_limit_comes_from_the_tuned_entry_for_the_jobs_memory_per_device(tmp_path):
+    table = tmp_path / "lm.yaml"
+    write_entry(table, _entry("cpu", 16.0, 32))
+    write_entry(table, _entry("cpu", 8.0, 12))
+    write_entry(table, _entry("a100_x_8", 40.0, 64, precision="bf16-mixed"))
+    write_entry(table, _entry("cpu", 8.0, 8))  # same key: replaces the 12
+    entries = yaml.safe_load(table.read_text())["entries"]
+    assert [(e["machine"], e["memory_per_device_gb"], e["micro_batch"]) for e in entries] == [
+        ("a100_x_8", 40.0, 64), ("cpu", 8.0, 8), ("cpu", 16.0, 32)]
+    where = str(table)
+    one = _plan(256, 1, 1, table=where)  # 16 GiB per device
+    assert (one.limit, one.micro, one.accumulate) == (32, 32, 8)
+    assert one.limit_source.startswith("tuned for lm/cpu/32-true with 16 GiB per device, tuned 2026-01-02, torch "
+                                       "2.13.0, lightning 2.6.6, 123 samples/s")
+    assert _plan(256, 1, 2, table=where).limit == 8  # 8 GiB per device: the 16 GiB entry would overcommit
+    four = _plan(256, 1, 4, table=where)  # 4 GiB per device: nothing tuned that small
+    assert four.limit == 16 and "tuned with more than this job's 4 GiB per device" in four.limit_source
+    gpu = _plan(256, 2, 8, machine=A100_X_8, precision="bf16", table=where)  # bf16 = bf16-mixed
+    assert (gpu.limit, gpu.micro, gpu.accumulate) == (64, 16, 1)
+    assert "no tuned entry for lm/a100_x_8/32-true" in _plan(256, 2, 8, machine=A100_X_8, table=where).limit_source
+
+
+def test_every_rank_reads_the_plan_back():
+    plan = _plan(64, 2, 2, micro=8)
+    env = rank_env(RankPlace(1, 1, 2, 2), master_addr="127.0.0.1", master_port=1, job_dir="/j", job_id="x",
+                   base_env={"MMT_MICRO_BATCH_SIZE": "999"}, job_env={}, cores_per_node=2, extra=plan.env())
+    info = RankInfo.from_env(env)
+    assert (info.global_batch_size, info.micro_batch_size, info.grad_accum) == (64, 8, 2)
+    assert info.batch_sizes() == (8, 2) and info.batch_sizes(8) == (8, 2)
+    with pytest.raises(ValueError, match=r"micro-batch 16 x accumulation 2 but the launcher planned 8 x 2"):
+        info.batch_sizes(16)
+    assert RankInfo.from_env({}).batch_sizes(default_micro=4) == (4, 1)  # outside a job
+
+
+def test_dry_run_shows_the_plan_and_the_contract_carries_it(tmp_path):
+    done = run_app("num_nodes=2", "devices=4", "batch.global_size=96", "hydra.launcher.dry_run=true",
+                   sweep_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    line = re.search(r"^  batch      (.*)$", done.stdout, re.M).group(1)
+    assert line.startswith("global 96 = 8 ranks x micro 12 x accumulate 1; limit ")
+    env_all = re.search(r"^  env \(all\)  (.*)$", done.stdout, re.M).group(1).split()
+    assert "MMT_GLOBAL_BATCH_SIZE=96" in env_all and "MMT_MICRO_BATCH_SIZE=12" in env_all
+    assert "MMT_GRAD_ACCUM=1" in env_all
+
+
+def test_dry_run_says_when_nothing_is_tuned(tmp_path):
+    done = run_app("machine=cpu_x_8", "hydra.launcher.dry_run=true", sweep_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert ("  batch      global 64 = 1 rank x micro 16 x accumulate 4; limit 16 per device (batch.default_micro: "
+            "no tuned entry for lm/cpu_x_8/32-true in pkg://recipes.tuned/lm.yaml)") in done.stdout
+
+
+def test_an_indivisible_job_is_refused_before_anything_starts(tmp_path, tag):
+    done = run_app("num_nodes=1,3", "devices=2", sweep_dir=tmp_path, tag=tag)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert ("Invalid batch.global_size=64: must be divisible by the world size 6 (3 nodes x 2 devices)"
+            in done.stderr)
+    assert "HINT: with devices=2, num_nodes=1,2,4,8,16,32 divide it" in done.stderr
+    assert job_dirs(tmp_path) == [], "not even the valid job of the sweep starts"

@@ -1,0 +1,178 @@
+"""cluster=slurm on a real two-node SLURM cluster started by scripts/slurm_cluster.sh (no fake sbatch)."""
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import REPO, app_command, app_env, results, run_app, wait_gone
+
+pytestmark = pytest.mark.slurm
+SLURM_PROBE = ("cluster=slurm", "recipe=probe", "devices=2")
+
+
+@pytest.fixture(autouse=True)
+def _cluster(slurm_cluster):
+    yield
+
+
+def _squeue() -> str:
+    return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.strip()
+
+
+def test_probe_sweep_one_and_two_nodes(tmp_path, tag):
+    done = run_app(*SLURM_PROBE, "num_nodes=1,2", sweep_dir=tmp_path, tag=tag, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = results(tmp_path)
+    assert (one["status"], two["status"]) == ("COMPLETED", "COMPLETED")
+    assert one["scheduler_id"] != two["scheduler_id"]
+    ranks = two["return_value"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert [r["node_rank"] for r in ranks] == [0, 0, 1, 1]
+    assert [r["hostname"] for r in ranks] == ["node1", "node1", "node2", "node2"]  # real, distinct nodes
+    # the contract is SLURM's own view of the job
+    assert [r["slurm_procid"] for r in ranks] == ["0", "1", "2", "3"]
+    assert [r["slurm_nodeid"] for r in ranks] == ["0", "0", "1", "1"]
+    assert {r["master"] for r in ranks} == {f"node1:{20000 + int(two['scheduler_id']) % 20000}"}
+    assert two["return_value"]["all_reduce"] == 10.0
+    assert [r["hostname"] for r in one["return_value"]["ranks"]] in (["node1"] * 2, ["node2"] * 2)
+
+
+def test_a_rank_that_raises_ends_the_job_quickly_and_is_named(tmp_path, tag):
+    done = run_app(*SLURM_PROBE, "num_nodes=2", "recipe.fail_rank=2", sweep_dir=tmp_path, tag=tag, timeout=180)
+    assert done.returncode == 1
+    [result] = results(tmp_path)
+    assert result["status"] == "FAILED"
+    assert (result["failure"]["rank"], result["failure"]["node_rank"]) == (2, 1)
+    assert result["failure"]["exception"] == "ProbeFault: injected failure on rank 2"
+    # --kill-on-bad-exit: the other ranks, blocked joining the group, did not wait for the 120 s init timeout
+    assert result["duration_s"] < 20
+    assert "rank 2 (node 1) raised ProbeFault" in done.stderr
+
+
+def test_a_rank_that_exits_137_is_named_from_sruns_report(tmp_path, tag):
+    done = run_app(*SLURM_PROBE, "num_nodes=2", "recipe.fail_rank=3", "recipe.fail_mode=exit",
+                   "recipe.exit_code=137", sweep_dir=tmp_path, tag=tag, timeout=180)
+    assert done.returncode == 1
+    failure = results(tmp_path)[0]["failure"]
+    assert (failure["rank"], failure["node_rank"], failure["exit_code"]) == (3, 1, 137)
+
+
+def _start_holding(tmp_path, tag, *extra):
+    command = app_command(*SLURM_PROBE, "num_nodes=2", "recipe.hold_s=120", *extra, sweep_dir=tmp_path)
+    launcher = subprocess.Popen(command, cwd=REPO, env=app_env(tag), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        state = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True).stdout.split()
+        if len(state) == 2 and state[1] == "RUNNING" and (tmp_path / "0" / "logs").exists():
+            return launcher, state[0]
+        time.sleep(0.5)
+    launcher.kill()
+    pytest.fail(f"the job did not start: {launcher.communicate()[0]}")
+
+
+def test_scancel_from_outside_is_reported_not_waited_on(tmp_path, tag):
+    launcher, job_id = _start_holding(tmp_path, tag)
+    subprocess.run(["scancel", job_id], check=True)
+    output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 1
+    [result] = results(tmp_path)
+    assert result["status"] == "INTERRUPTED"
+    assert f"SLURM job {job_id} was cancelled outside the launcher (scancel)" in result["error"]
+    assert _squeue() == ""
+
+
+def test_ctrl_c_on_the_launcher_cancels_its_jobs(tmp_path, tag):
+    launcher, job_id = _start_holding(tmp_path, tag)
+    launcher.send_signal(signal.SIGINT)
+    output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130, output
+    assert results(tmp_path)[0]["status"] == "INTERRUPTED"
+    deadline = time.monotonic() + 30
+    while _squeue() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _squeue() == ""
+    state = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True,
+                           text=True).stdout
+    assert state.startswith("CANCELLED")
+    assert wait_gone(tag, timeout_s=15) == []
+
+
+SLURM_LM = ("cluster=slurm", "num_nodes=2", "devices=2", "hydra.launcher.poll_interval_s=0.5")
+
+
+def test_lightning_two_by_two_on_slurm_trains_one_model(tmp_path, tag):
+    done = run_app(*SLURM_LM, sweep_dir=tmp_path, tag=tag, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    value = results(tmp_path)[0]["return_value"]
+    # Lightning chose its SLURM environment, and it agreed with num_nodes/devices (it validates both)
+    assert value["cluster_environment"] == "SLURMEnvironment"
+    assert value["world_size"] == 4
+    assert len(value["weight_digests"]) == 4 and len(set(value["weight_digests"])) == 1
+    assert value["train_loss_last"] < value["train_loss_first"]
+
+
+def _wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_requeue_signal_checkpoints_requeues_and_resumes_to_the_uninterrupted_result(tmp_path, tag):
+    uninterrupted = run_app(*SLURM_LM, sweep_dir=tmp_path / "straight", tag=tag, timeout=300)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    expected = results(tmp_path / "straight")[0]["return_value"]
+
+    command = app_command(*SLURM_LM, sweep_dir=tmp_path / "requeued")
+    launcher = subprocess.Popen(command, cwd=REPO, env=app_env(tag), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    metrics = tmp_path / "requeued" / "0" / "metrics.csv"
+    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) > 3, 120, "training to start")
+    job_id = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()[0]
+    # what SLURM does before a preemption or the time limit: USR2 to every task of the job
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    output, _ = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, output[-3000:]
+    assert f"job 0 (SLURM {job_id}) was requeued (restart 1)" in output
+    result = results(tmp_path / "requeued")[0]
+    value = result["return_value"]
+    assert result["scheduler_id"] == job_id and value["resumed_from_checkpoint"] is True
+    assert value["steps"] == expected["steps"]
+    # the same weights, bit for bit, as the run that was never interrupted
+    assert value["weight_digests"] == expected["weight_digests"]
+    assert value["val_loss"] == expected["val_loss"]
+
+
+# Hydra's own conformance suites, with every job submitted to the SLURM cluster (1 node x 1 task per job)
+from hydra.test_utils.launcher_common_tests import (  # noqa: E402
+    BatchedSweeperTestSuite,
+    IntegrationTestSuite,
+    LauncherTestSuite,
+)
+
+
+@pytest.mark.parametrize("launcher_name, overrides", [("mmt_slurm", ["hydra.launcher.poll_interval_s=0.3"])])
+class TestSlurmLauncherConformance(LauncherTestSuite):
+    pass
+
+
+@pytest.mark.parametrize(
+    "launcher_name, overrides",
+    [("mmt_slurm", ["hydra/sweeper=basic", "hydra.sweeper.max_batch_size=2", "hydra.launcher.poll_interval_s=0.3"])],
+)
+class TestSlurmBatchedSweeperConformance(BatchedSweeperTestSuite):
+    pass
+
+
+@pytest.mark.parametrize(
+    "task_launcher_cfg, extra_flags",
+    [({}, ["-m", "hydra/launcher=mmt_slurm", "hydra/hydra_logging=disabled", "hydra/job_logging=disabled",
+           "hydra.launcher.poll_interval_s=0.3"])],
+)
+class TestSlurmIntegrationConformance(IntegrationTestSuite):
+    pass
