@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
 
 import lightning as L
+from lightning.fabric.strategies import DDPStrategy
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.demos import Transformer
@@ -63,6 +64,7 @@ def train(
     gradient_clip_val: float,
     precision: str,
     resume: bool = True,
+    fixed_buckets: bool = True,
     output_dir: Optional[str] = None,
     batch_size: Optional[int] = None,
     accumulate_grad_batches: Optional[int] = None,
@@ -70,12 +72,14 @@ def train(
     """Train; return rank 0's summary. ``batch_size``/``accumulate_grad_batches``: None = the launcher's plan.
 
     ``max_steps`` and ``val_check_interval`` count optimizer steps, in all three LM recipes.
+    ``fixed_buckets``: DDP keeps one gradient-bucket layout (see ``recipes.lm.train``), as in the other two.
     """
     rank = RankInfo.from_env()
     out = Path(output_dir or rank.job_dir or os.getcwd())
     micro, accumulate = rank.batch_sizes(batch_size, accumulate_grad_batches)
     fabric = L.Fabric(accelerator=accelerator, num_nodes=rank.num_nodes, devices=rank.local_world_size,
-                      strategy="ddp" if rank.world_size > 1 else "auto", precision=precision)
+                      strategy=DDPStrategy(find_unused_parameters=fixed_buckets) if rank.world_size > 1 else "auto",
+                      precision=precision)
     fabric.launch()
     rank.check_world_size(fabric.world_size, "fabric")
     fabric.seed_everything(seed, workers=True, verbose=False)

@@ -107,6 +107,7 @@ def train(
     gradient_clip_val: float,
     precision: str,
     resume: bool = True,
+    fixed_buckets: bool = True,
     output_dir: Optional[str] = None,
     batch_size: Optional[int] = None,
     accumulate_grad_batches: Optional[int] = None,
@@ -115,6 +116,7 @@ def train(
     """Train; return rank 0's summary. ``batch_size``/``accumulate_grad_batches``: None = the launcher's plan.
 
     ``max_steps`` and ``val_check_interval`` count optimizer steps, in all three LM recipes.
+    ``fixed_buckets``: DDP keeps one gradient-bucket layout (see ``recipes.lm.train``), as in the other two.
     """
     rank = RankInfo.from_env()
     out = Path(output_dir or rank.job_dir or os.getcwd())
@@ -127,7 +129,8 @@ def train(
                                 world_size=rank.world_size, timeout=timedelta(seconds=init_timeout_s))
     try:
         return _train(rank, run, out, seed, data_dir, block_size, val_fraction, lr, model, max_steps,
-                      val_check_interval, limit_val_batches, gradient_clip_val, resume, micro, accumulate)
+                      val_check_interval, limit_val_batches, gradient_clip_val, resume, micro, accumulate,
+                      fixed_buckets)
     finally:
         if distributed:
             dist.destroy_process_group()
@@ -135,7 +138,8 @@ def train(
 
 def _train(rank: RankInfo, run: _Run, out: Path, seed: int, data_dir: str, block_size: int, val_fraction: float,
            lr: float, model: Dict[str, Any], max_steps: int, val_check_interval: int, limit_val_batches: int,
-           gradient_clip_val: float, resume: bool, micro: int, accumulate: int) -> Dict[str, Any]:
+           gradient_clip_val: float, resume: bool, micro: int, accumulate: int,
+           fixed_buckets: bool) -> Dict[str, Any]:
     _seed_everything(seed)
     train_set, val_set, vocab_size = load_splits(data_dir, block_size, val_fraction, seed)
     # the seed Lightning's samplers use (PL_GLOBAL_SEED): the same shuffle as lm and lm_fabric
@@ -145,8 +149,8 @@ def _train(rank: RankInfo, run: _Run, out: Path, seed: int, data_dir: str, block
     val_loader = DataLoader(val_set, batch_size=micro, sampler=val_sampler)
 
     network = Transformer(vocab_size=vocab_size, **model).to(run.device)
-    ddp = DistributedDataParallel(network, device_ids=[run.device.index] if run.device.type == "cuda" else None) \
-        if rank.world_size > 1 else network
+    ddp = DistributedDataParallel(network, device_ids=[run.device.index] if run.device.type == "cuda" else None,
+                                  find_unused_parameters=fixed_buckets) if rank.world_size > 1 else network
     optimizer = torch.optim.SGD(ddp.parameters(), lr=lr)
 
     last = out / "checkpoints" / "last.pt"

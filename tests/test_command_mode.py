@@ -152,6 +152,9 @@ def test_a_failing_node_fails_the_job_and_stops_the_other(tmp_path, tag):
     assert result["status"] == "FAILED" and result["duration_s"] < 30
     assert result["failure"]["node_rank"] == 1
     assert "exited with code 3" in result["failure"]["exception"]
+    # a node's command failed, not a rank: the message says so
+    assert "the command on node 1 raised CommandFailedError" in done.stderr
+    assert "the other nodes were stopped" in done.stderr
 
 
 def test_processes_a_command_leaves_behind_are_stopped(tmp_path, tag):

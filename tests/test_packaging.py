@@ -1,9 +1,11 @@
 """The plugin as installed: discovery in a fresh interpreter, config keys, imports kept light."""
 
+import shutil
 import subprocess
 import sys
 from dataclasses import fields
 
+import pytest
 from omegaconf import OmegaConf
 
 from hydra_plugins.mmt_launcher.config import JobConf, LocalLauncherConf, SlurmLauncherConf
@@ -53,3 +55,13 @@ def test_every_config_field_is_annotated_and_a_key():
                     if not name.startswith("__") and not callable(value) and not isinstance(value, property)}
         assert declared <= {f.name for f in fields(conf)}, f"{conf.__name__}: not annotated: {declared - {f.name for f in fields(conf)}}"
         assert set(OmegaConf.structured(conf).keys()) == {f.name for f in fields(conf)}
+
+
+def test_setup_installed_the_cpu_build_of_torch_on_a_host_without_a_gpu():
+    """The README's setup must not pull a multi-GB CUDA build where no GPU can use it."""
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this host has an NVIDIA driver: a CUDA build of torch is the right one here")
+    done = subprocess.run([sys.executable, "-c", "import torch; print(torch.version.cuda, torch.__version__)"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "None", f"a CUDA build of torch was installed: {done.stdout.strip()}"

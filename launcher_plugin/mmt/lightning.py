@@ -21,12 +21,17 @@ def cluster_environment() -> Optional[SLURMEnvironment]:
 
 
 class RequeueOnSignal(L.Callback):
-    """On the requeue signal: checkpoint at the next epoch end, requeue the job, stop every rank.
+    """On the requeue signal: checkpoint at the end of the epoch, requeue the job, stop every rank.
 
     The ranks agree at every step (one tiny all-reduce, only inside an mmt SLURM task), so all of them save the
-    same step. The checkpoint is written at the end of the epoch because Lightning resumes exactly from an epoch
-    boundary (mid-epoch it restarts the epoch's data order). It also stores the RNG states, so dropout and
-    shuffling continue as if nothing happened: a requeued run ends with the weights of an uninterrupted one.
+    same step. The checkpoint also stores the RNG states, so dropout and shuffling continue as if nothing
+    happened: a requeued run ends with the weights of an uninterrupted one. If the signal comes in the last
+    epoch, training finishes instead.
+
+    Why the end of the last batch of an epoch, and not ``on_train_epoch_end`` or mid-epoch: mid-epoch, Lightning
+    restarts the epoch's data order; and a max_steps fit saved in ``on_train_epoch_end`` (or at the next epoch's
+    start) resumes in 2.6 with one extra batch from a fresh iterator, so the data order diverges. A checkpoint
+    from ``on_train_batch_end`` of the epoch's last batch is the state Lightning's loops resume exactly.
     """
 
     def __init__(self, checkpoint_path: str) -> None:
@@ -34,16 +39,17 @@ class RequeueOnSignal(L.Callback):
         self.pending = False
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if preemption.installed() and not self.pending:
-            self.pending = trainer.strategy.reduce_boolean_decision(preemption.requested(), all=False)
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.pending:
+        if not preemption.installed():
             return
-        if trainer.global_step >= (trainer.max_steps if trainer.max_steps > 0 else float("inf")):
+        if not self.pending:
+            self.pending = trainer.strategy.reduce_boolean_decision(preemption.requested(), all=False)
+        if self.pending and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            self._checkpoint_and_requeue(trainer)
+
+    def _checkpoint_and_requeue(self, trainer: L.Trainer) -> None:
+        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
             return  # the last epoch: finishing is better than requeueing
-        allowed = preemption.requeue_allowed()
-        if not allowed:
+        if not preemption.requeue_allowed():
             print("mmt: requeue limit reached; training on until SLURM stops the job", flush=True)
             self.pending = False
             return

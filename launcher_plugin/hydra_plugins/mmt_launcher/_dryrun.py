@@ -6,7 +6,7 @@ from mmt.rank_env import contract_env, node_contract_env
 
 from ._plan import JobPlan
 
-PORT_PLACEHOLDER = "<free port chosen at start>"
+PORT_PLACEHOLDER = "<set at start: a free port here, derived from the job id on SLURM>"
 
 
 def _machine_line(plan: JobPlan) -> str:

@@ -24,6 +24,7 @@ from ._console import LogFollower, tail
 from ._host import PortAllocator, cpu_cores, visible_gpus
 from ._outcome import COMPLETED, FAILED, INTERRUPTED, TIMEOUT, JobOutcome, read_failure
 from ._plan import JobPlan
+from ._signals import SignalTrap
 from .errors import ConfigError
 
 _POLL_S = 0.05
@@ -86,31 +87,6 @@ class _Job:
         return all(p.done for p in self.processes)
 
 
-class _SignalTrap:
-    """Turn SIGINT/SIGTERM into a flag while jobs run, so every rank is stopped before the launcher exits."""
-
-    def __init__(self) -> None:
-        self.received: Optional[int] = None
-        self._previous: Dict[int, object] = {}
-
-    def __enter__(self) -> "_SignalTrap":
-        try:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        except ValueError:  # not the main thread: leave signals alone
-            pass
-        return self
-
-    def _handle(self, signum: int, _frame: object) -> None:
-        if self.received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop waiting; the agent still kills what is left
-        self.received = signum
-
-    def __exit__(self, *_: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-
-
 class LocalBackend:
     name = "local"
 
@@ -164,7 +140,7 @@ class LocalBackend:
         selector = selectors.DefaultSelector()
         selector.register(self.agent.fileno(), selectors.EVENT_READ)
         try:
-            with _SignalTrap() as trap:
+            with SignalTrap() as trap:
                 while pending or running:
                     if trap.received is not None and self.interrupted_by is None:
                         self.interrupted_by = trap.received
@@ -276,7 +252,8 @@ class LocalBackend:
             outcome.failure = read_failure(
                 Path(job.plan.job_dir) / ".mmt", failed.index, failed.node_rank, failed.rank,
                 code if code is not None and code >= 0 else None,
-                signal.Signals(-code).name if code is not None and code < 0 else None, str(failed.log))
+                signal.Signals(-code).name if code is not None and code < 0 else None, str(failed.log),
+                whole_node=job.plan.per_node)
             if failed.index != 0 or self.settings.console == "none":
                 self._show_tail(job.plan, failed)
         return outcome

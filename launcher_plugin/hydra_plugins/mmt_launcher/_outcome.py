@@ -33,7 +33,7 @@ class JobOutcome:
 
 
 def read_failure(directory: Path, index: int, node_rank: int, rank: int, code: Optional[int],
-                 signal_name: Optional[str], log: str) -> RankFailure:
+                 signal_name: Optional[str], log: str, whole_node: bool = False) -> RankFailure:
     """What a failed process left behind: its exception and traceback if it raised, else its exit status."""
     record: dict = {}
     try:
@@ -41,7 +41,8 @@ def read_failure(directory: Path, index: int, node_rank: int, rank: int, code: O
     except (FileNotFoundError, json.JSONDecodeError):
         pass
     return RankFailure(rank=rank, node_rank=node_rank, exit_code=code, signal=signal_name,
-                       exception=record.get("exception"), traceback=record.get("traceback"), log=log)
+                       exception=record.get("exception"), traceback=record.get("traceback"), log=log,
+                       whole_node=whole_node)
 
 
 def _primary_return(plan: JobPlan) -> Optional[JobReturn]:

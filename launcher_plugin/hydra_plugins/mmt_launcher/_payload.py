@@ -6,6 +6,8 @@ Layout inside a job's output dir, all under ``.mmt/`` (removed once the launcher
     job.pkl             cloudpickle of JobPayload: Hydra context, task function, composed job config, singletons
     proc<i>.error.json  written by a process whose task failed: exception type, message, traceback
     proc0.return.pkl    the primary process's JobReturn (rank 0 / node 0)
+    proc<i>.done        written by every process as its last act: its exit code (the SLURM backend ends a job
+                        as soon as every process has written 0, instead of waiting out SLURM's job epilog)
 
 ``<i>`` is the process index in the plan: the global rank, or the node index in per-node command mode.
 """
@@ -75,3 +77,14 @@ def error_path(directory: Path, index: int) -> Path:
 
 def return_path(directory: Path) -> Path:
     return directory / "proc0.return.pkl"
+
+
+def done_path(directory: Path, index: int) -> Path:
+    return directory / f"proc{index}.done"
+
+
+def clear_outcome(directory: Path, index: int) -> None:
+    """Forget what an earlier run of process ``index`` reported (a requeued SLURM job runs again in place)."""
+    for path in (error_path(directory, index), done_path(directory, index)) + ((return_path(directory),)
+                                                                               if index == 0 else ()):
+        path.unlink(missing_ok=True)

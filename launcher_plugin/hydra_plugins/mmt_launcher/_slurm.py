@@ -25,6 +25,8 @@ from ._slurm_task import SlurmTask, failed_tasks
 from .errors import ConfigError, RankFailure
 
 _CANCEL_WAIT_S = 60.0
+# how often the job dirs are read (rank 0's log, outcome files); SLURM itself is asked every poll_interval_s
+_TICK_S = 0.1
 
 
 @dataclass
@@ -102,13 +104,19 @@ class SlurmBackend:
                     if trap.received is not None:
                         break
                     jobs.append(self._submit(plan))
+                next_query = 0.0
                 while any(j.outcome is None for j in jobs):
                     if trap.received is not None and not cancelled_by_us:
                         self.interrupted_by, cancelled_by_us = trap.received, True
                         _slurm_state.cancel(j.job.job_id for j in jobs if j.outcome is None)
-                    self._poll(jobs, cancelled_by_us)
+                        next_query = 0.0
+                    # the job dirs (logs, outcome files) are read every tick; SLURM is asked every poll_interval_s
+                    query = time.monotonic() >= next_query
+                    self._poll(jobs, cancelled_by_us, query)
+                    if query:
+                        next_query = time.monotonic() + self.settings.poll_interval_s
                     if any(j.outcome is None for j in jobs):
-                        time.sleep(self.settings.poll_interval_s)
+                        time.sleep(_TICK_S)
             except BaseException:
                 # a second Ctrl-C, or a bug: never leave jobs queued or running behind us
                 _slurm_state.cancel(j.job.job_id for j in jobs if j.outcome is None)
@@ -119,14 +127,23 @@ class SlurmBackend:
         return [by_num.get(plan.num) or JobOutcome(INTERRUPTED, None, detail=f"not submitted: {reason}")
                 for plan in plans]
 
-    def _poll(self, jobs: List[_Submitted], cancelled_by_us: bool) -> None:
-        states = _slurm_state.job_states(j.job.job_id for j in jobs if j.outcome is None)
+    def _poll(self, jobs: List[_Submitted], cancelled_by_us: bool, query_slurm: bool) -> None:
+        states = _slurm_state.job_states(j.job.job_id for j in jobs if j.outcome is None) if query_slurm else {}
         for job in jobs:
             if job.outcome is not None:
                 continue
             for follower in job.followers:
                 follower.poll()
-            state = states[job.job.job_id]
+            if self._every_process_succeeded(job.plan):
+                # done: SLURM still runs the job's epilog for a second or more, nothing that changes the result
+                for follower in job.followers:
+                    follower.finish()
+                job.outcome = JobOutcome(COMPLETED, time.monotonic() - (job.started or job.submitted),
+                                         scheduler_id=str(job.job.job_id))
+                continue
+            state = states.get(job.job.job_id)
+            if state is None:
+                continue
             if state.state == "RUNNING" and job.started is None:
                 job.started = time.monotonic()
             if state.restarts > job.restarts:
@@ -156,6 +173,16 @@ class SlurmBackend:
         outcome.failure = self._failure(job, state)
         return outcome
 
+    def _every_process_succeeded(self, plan: JobPlan) -> bool:
+        directory = _payload.payload_dir(plan.job_dir)
+        for index in range(plan.num_nodes * plan.processes_per_node):
+            try:
+                if _payload.done_path(directory, index).read_text() != "0":
+                    return False
+            except FileNotFoundError:
+                return False
+        return self._primary_reported(plan)
+
     def _primary_reported(self, plan: JobPlan) -> bool:
         directory = _payload.payload_dir(plan.job_dir)
         return _payload.return_path(directory).exists() and not list(directory.glob("proc*.error.json"))
@@ -168,15 +195,20 @@ class SlurmBackend:
         logs = Path(plan.job_dir) / "logs"
         if errors:
             index = int(errors[0].name[len("proc"):-len(".error.json")])
-            return read_failure(directory, index, index // per_rank, index, None, None,
-                                str(logs / _log_name(plan, index)))
+            node = index // per_rank
+            rank = node * plan.devices if plan.per_node else index
+            return read_failure(directory, index, node, rank, None, None, str(logs / _log_name(plan, index)),
+                                whole_node=plan.per_node)
         stderr = Path(str(job.job.paths.stderr).replace("%t", "0"))
         reports = failed_tasks(stderr.read_text(errors="replace")) if stderr.exists() else []
         if reports:
             task = int(reports[0]["task"])
-            return RankFailure(rank=task, node_rank=task // per_rank, exit_code=reports[0]["exit_code"],
+            node = task // per_rank
+            return RankFailure(rank=node * plan.devices if plan.per_node else task, node_rank=node,
+                               exit_code=reports[0]["exit_code"],
                                signal=None if reports[0]["exit_code"] is not None else str(reports[0]["how"]),
-                               exception=None, traceback=None, log=str(logs / _log_name(plan, task)))
+                               exception=None, traceback=None, log=str(logs / _log_name(plan, task)),
+                               whole_node=plan.per_node)
         why = f"SLURM job {job.job.job_id} ended {state.state}" + (f" (exit {state.exit_code})"
                                                                   if state.exit_code else "")
         if state.state == _slurm_state.GONE:

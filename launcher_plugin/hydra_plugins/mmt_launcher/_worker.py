@@ -108,9 +108,11 @@ def run(directory: Path, index: int) -> int:
         ret.return_value = None  # the exception travels as text: it may not be picklable
     if primary:
         _write_return(directory, ret)
+    code = 1 if failed else 0
     sys.stdout.flush()
     sys.stderr.flush()
-    return 1 if failed else 0
+    _payload.write_atomic(_payload.done_path(directory, index), str(code).encode())
+    return code
 
 
 def _write_return(directory: Path, ret: Any) -> None:

@@ -41,6 +41,8 @@ class RankFailure:
     exception: Optional[str]
     traceback: Optional[str]
     log: str
+    # command mode once per node: the failed process is the node's command, which started that node's ranks
+    whole_node: bool = False
 
     def describe(self) -> str:
         if self.exception:
@@ -51,6 +53,8 @@ class RankFailure:
             how = f"exited with code {self.exit_code}"
             if self.exit_code is not None and self.exit_code > 128:
                 how += f" (128+{self.exit_code - 128}: killed by a signal in a wrapper, e.g. the OOM killer)"
+        if self.whole_node:
+            return f"the command on node {self.node_rank} {how}"
         return f"rank {self.rank} (node {self.node_rank}) {how}"
 
 
@@ -59,7 +63,8 @@ class RankFailedError(MMTError):
 
     def __init__(self, job: str, failure: RankFailure) -> None:
         self.job, self.failure = job, failure
-        text = f"{job}: {failure.describe()}; the other ranks were stopped. Log: {failure.log}"
+        others = "nodes" if failure.whole_node else "ranks"
+        text = f"{job}: {failure.describe()}; the other {others} were stopped. Log: {failure.log}"
         if failure.traceback:
             text += "\n" + failure.traceback.rstrip()
         super().__init__(text)
