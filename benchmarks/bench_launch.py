@@ -20,9 +20,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict
+
+from _timing import alternate
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -86,18 +87,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
-    times: Dict[str, List[float]] = {name: [] for name in VARIANTS}
     scratch = Path(tempfile.mkdtemp(prefix="mmt-bench-"))
     try:
-        for name, run in VARIANTS.items():  # warm-up: page cache, .pyc files
-            run(scratch)
-        for round_ in range(args.rounds):
-            order = list(VARIANTS.items())
-            order = order[round_ % len(order):] + order[:round_ % len(order)]  # alternate who goes first
-            for name, run in order:
-                started = time.perf_counter()
-                run(scratch)
-                times[name].append(time.perf_counter() - started)
+        times = alternate(VARIANTS, args.rounds, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     medians = {name: statistics.median(values) for name, values in times.items()}

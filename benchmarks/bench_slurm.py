@@ -18,9 +18,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict
+
+from _timing import alternate
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -53,18 +54,10 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("sbatch") is None or "SLURM_CONF" not in os.environ and not Path("/etc/slurm/slurm.conf").exists():
         sys.exit("no SLURM cluster: scripts/slurm_cluster.sh start && eval \"$(scripts/slurm_cluster.sh env)\"")
-    times: Dict[str, List[float]] = {name: [] for name in VARIANTS}
     scratch = Path(tempfile.mkdtemp(prefix="mmt-bench-slurm-", dir=REPO / "outputs" if (REPO / "outputs").exists()
                                     else None))
     try:
-        for run in VARIANTS.values():  # warm-up
-            run(scratch)
-        for round_ in range(args.rounds):
-            order = list(VARIANTS.items())[::1 if round_ % 2 == 0 else -1]
-            for name, run in order:
-                started = time.perf_counter()
-                run(scratch)
-                times[name].append(time.perf_counter() - started)
+        times = alternate(VARIANTS, args.rounds, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     medians = {name: statistics.median(values) for name, values in times.items()}

@@ -25,7 +25,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from mmt import RankInfo
 from mmt.lightning import RequeueOnSignal, cluster_environment
 from recipes.corpus import load_splits, weights_digest
-from recipes.lm_common import StepClock, gather, summary
+from recipes.lm_common import StepClock, gather, keep_ddp_buckets, summary
 
 
 class LanguageModel(L.LightningModule):
@@ -97,7 +97,7 @@ def train(
     gradient_clip_val: float,
     precision: str,
     resume: bool = True,
-    fixed_buckets: bool = True,
+    fixed_buckets: Optional[bool] = None,
     output_dir: Optional[str] = None,
     batch_size: Optional[int] = None,
     accumulate_grad_batches: Optional[int] = None,
@@ -105,11 +105,8 @@ def train(
     """Train; return rank 0's summary. ``batch_size``/``accumulate_grad_batches``: None = the launcher's plan.
 
     ``max_steps`` and ``val_check_interval`` count optimizer steps, in all three LM recipes.
-    ``fixed_buckets``: keep DDP's gradient buckets in their first layout, so a resumed run is bit for bit the
-    uninterrupted one (DDP re-lays them out after each process's first step, and a ring all-reduce sums each
-    element in an order set by its position in the bucket: a requeued run's first step would differ in the last
-    bits). DDP keeps them when it looks for unused parameters, at a cost within noise here (~199 samples/s
-    either way on the 2 x 2 CPU job; it logs a one-time hint that no parameter was unused).
+    ``fixed_buckets``: DDP keeps one gradient-bucket layout, so a requeued run resumes bit for bit
+    (``recipes.lm_common.keep_ddp_buckets``).
     """
     rank = RankInfo.from_env()
     out = Path(output_dir or rank.job_dir or os.getcwd())
@@ -125,7 +122,8 @@ def train(
         accelerator=accelerator,
         num_nodes=rank.num_nodes,
         devices=rank.local_world_size,
-        strategy=DDPStrategy(find_unused_parameters=fixed_buckets) if rank.world_size > 1 else "auto",
+        strategy=DDPStrategy(find_unused_parameters=keep_ddp_buckets(fixed_buckets)) if rank.world_size > 1
+        else "auto",
         max_steps=max_steps,
         val_check_interval=val_check_interval * accumulate_grad_batches,  # Lightning counts micro-batches here
         check_val_every_n_epoch=None,

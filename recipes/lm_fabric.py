@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from mmt import RankInfo
 from recipes.corpus import load_splits, weights_digest
-from recipes.lm_common import StepClock, append_metrics, gather, summary
+from recipes.lm_common import StepClock, append_metrics, gather, keep_ddp_buckets, summary
 
 
 def _loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
@@ -64,7 +64,7 @@ def train(
     gradient_clip_val: float,
     precision: str,
     resume: bool = True,
-    fixed_buckets: bool = True,
+    fixed_buckets: Optional[bool] = None,
     output_dir: Optional[str] = None,
     batch_size: Optional[int] = None,
     accumulate_grad_batches: Optional[int] = None,
@@ -72,13 +72,14 @@ def train(
     """Train; return rank 0's summary. ``batch_size``/``accumulate_grad_batches``: None = the launcher's plan.
 
     ``max_steps`` and ``val_check_interval`` count optimizer steps, in all three LM recipes.
-    ``fixed_buckets``: DDP keeps one gradient-bucket layout (see ``recipes.lm.train``), as in the other two.
+    ``fixed_buckets``: DDP keeps one gradient-bucket layout (``recipes.lm_common.keep_ddp_buckets``).
     """
     rank = RankInfo.from_env()
     out = Path(output_dir or rank.job_dir or os.getcwd())
     micro, accumulate = rank.batch_sizes(batch_size, accumulate_grad_batches)
     fabric = L.Fabric(accelerator=accelerator, num_nodes=rank.num_nodes, devices=rank.local_world_size,
-                      strategy=DDPStrategy(find_unused_parameters=fixed_buckets) if rank.world_size > 1 else "auto",
+                      strategy=DDPStrategy(find_unused_parameters=keep_ddp_buckets(fixed_buckets))
+                      if rank.world_size > 1 else "auto",
                       precision=precision)
     fabric.launch()
     rank.check_world_size(fabric.world_size, "fabric")

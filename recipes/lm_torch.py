@@ -26,7 +26,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from mmt import RankInfo
 from recipes.corpus import load_splits, weights_digest
-from recipes.lm_common import StepClock, append_metrics, gather, summary
+from recipes.lm_common import StepClock, append_metrics, gather, keep_ddp_buckets, summary
 
 _AUTOCAST = {"32-true": None, "32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
@@ -107,7 +107,7 @@ def train(
     gradient_clip_val: float,
     precision: str,
     resume: bool = True,
-    fixed_buckets: bool = True,
+    fixed_buckets: Optional[bool] = None,
     output_dir: Optional[str] = None,
     batch_size: Optional[int] = None,
     accumulate_grad_batches: Optional[int] = None,
@@ -116,7 +116,7 @@ def train(
     """Train; return rank 0's summary. ``batch_size``/``accumulate_grad_batches``: None = the launcher's plan.
 
     ``max_steps`` and ``val_check_interval`` count optimizer steps, in all three LM recipes.
-    ``fixed_buckets``: DDP keeps one gradient-bucket layout (see ``recipes.lm.train``), as in the other two.
+    ``fixed_buckets``: DDP keeps one gradient-bucket layout (``recipes.lm_common.keep_ddp_buckets``).
     """
     rank = RankInfo.from_env()
     out = Path(output_dir or rank.job_dir or os.getcwd())
@@ -150,7 +150,8 @@ def _train(rank: RankInfo, run: _Run, out: Path, seed: int, data_dir: str, block
 
     network = Transformer(vocab_size=vocab_size, **model).to(run.device)
     ddp = DistributedDataParallel(network, device_ids=[run.device.index] if run.device.type == "cuda" else None,
-                                  find_unused_parameters=fixed_buckets) if rank.world_size > 1 else network
+                                  find_unused_parameters=keep_ddp_buckets(fixed_buckets)) \
+        if rank.world_size > 1 else network
     optimizer = torch.optim.SGD(ddp.parameters(), lr=lr)
 
     last = out / "checkpoints" / "last.pt"

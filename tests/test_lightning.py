@@ -54,6 +54,7 @@ def test_recipe_refuses_a_trainer_world_that_differs_from_the_launchers(tmp_path
 _RESUME_SCRIPT = """
 import itertools, json, os, sys
 sys.path.insert(0, {repo!r})
+import torch.distributed
 from mmt import preemption
 from recipes import lm
 
@@ -75,6 +76,7 @@ if stop_after:
 result = lm.train(output_dir=out, **kw)
 if os.environ["RANK"] == "0":
     print("RESULT " + json.dumps(result), flush=True)
+torch.distributed.destroy_process_group()  # the Trainer leaves it open; gloo can abort the exit otherwise
 """
 
 

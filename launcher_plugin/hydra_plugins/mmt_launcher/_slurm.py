@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, TextIO
+from typing import Any, List, Optional, Sequence, TextIO
 
 from . import _payload, _slurm_state
 from ._console import LogFollower

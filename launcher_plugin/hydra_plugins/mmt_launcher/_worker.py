@@ -57,6 +57,14 @@ def _apply_thread_count() -> None:
         torch.set_num_threads(int(threads))
 
 
+def _close_process_group() -> None:
+    # A gloo process group left open can abort the interpreter's exit ("terminate called without an active
+    # exception", exit 134) after the rank has reported success; Lightning's Trainer leaves it open.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _error_record(exc: BaseException) -> dict:
     root = exc
     while root.__cause__ is not None:  # name the original error, not a wrapper around it
@@ -108,6 +116,8 @@ def run(directory: Path, index: int) -> int:
         ret.return_value = None  # the exception travels as text: it may not be picklable
     if primary:
         _write_return(directory, ret)
+    if not failed:  # after a failure a collective may still be pending: never block on it
+        _close_process_group()
     code = 1 if failed else 0
     sys.stdout.flush()
     sys.stderr.flush()
