@@ -100,7 +100,7 @@ class SlurmLauncherConf(JobConf):
     signal_delay_s: int = 90
     # how many times a job may be requeued after preemption or timeout
     max_requeues: int = 3
-    # seconds between polls of the job state
+    # seconds between queries of the job state (squeue/sacct); the job dir is read every 0.1 s regardless
     poll_interval_s: float = 1.0
 
 
