@@ -81,7 +81,6 @@ _SCRUB_PREFIXES = (
 _SCRUB_NAMES = RESERVED | {"GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
 
 
-
 def topology_hints(num_nodes: int, local_world_size: int) -> dict[str, str]:
     """The topology in Lightning's own variables, for scripts that construct a Trainer/Fabric themselves."""
     env = {}

@@ -265,13 +265,12 @@ def budget_gb(machine: Dict[str, Any], devices: int, override: Optional[float]) 
     """Memory per device: the override, else the GPU's memory, else the node's memory shared by its processes."""
     if override is not None:
         return float(override)
-    if machine.get("gpus"):
-        if not machine.get("gpu_memory_gb"):
-            raise TuneError(f"machine {machine.get('name')!r} states no gpu_memory_gb; set tune.budget_gb")
-        return float(machine["gpu_memory_gb"])
-    if not machine.get("memory_gb"):
-        raise TuneError(f"machine {machine.get('name')!r} states no memory_gb; set tune.budget_gb")
-    return float(machine["memory_gb"]) / devices
+    budget = tuned.device_memory_gb(gpus=machine.get("gpus"), gpu_memory_gb=machine.get("gpu_memory_gb"),
+                                    memory_gb=machine.get("memory_gb"), devices=devices)
+    if budget is None:
+        stated = "gpu_memory_gb" if machine.get("gpus") else "memory_gb"
+        raise TuneError(f"machine {machine.get('name')!r} states no {stated}; set tune.budget_gb")
+    return budget
 
 
 def _versions() -> Dict[str, str]:

@@ -35,6 +35,16 @@ def normalize_precision(value: Any) -> str:
     return _PRECISION_ALIASES.get(text, text)
 
 
+def device_memory_gb(*, gpus: Optional[int], gpu_memory_gb: Optional[float], memory_gb: Optional[float],
+                     devices: int) -> Optional[float]:
+    """Memory one device may use, the key's last part: the GPU's memory, or on CPU machines the node's memory
+    shared by its processes; None when the machine does not state it. The tuner keys what it writes with this and
+    the launcher looks entries up with it, so the two always agree."""
+    if gpus:
+        return float(gpu_memory_gb) if gpu_memory_gb else None
+    return float(memory_gb) / devices if memory_gb else None
+
+
 class TableLocationError(ValueError):
     """``batch.table`` names no package or path that exists."""
 

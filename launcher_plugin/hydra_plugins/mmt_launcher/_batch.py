@@ -50,13 +50,6 @@ class BatchPlan:
                 f"{self.accumulate}; limit {self.limit} per device ({self.limit_source})")
 
 
-def memory_per_device_gb(machine: Any, devices: int) -> Optional[float]:
-    """What one device may use: its GPU memory, or on CPU machines the node's memory shared by its processes."""
-    if machine.gpus:
-        return float(machine.gpu_memory_gb) if machine.gpu_memory_gb else None
-    return float(machine.memory_gb) / devices if machine.memory_gb else None
-
-
 def _divisors(n: int) -> List[int]:
     small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
@@ -99,7 +92,8 @@ def _limit(spec: Dict[str, Any], machine: Any, devices: int) -> tuple:
     recipe = check.optional_text("batch.recipe", spec.get("recipe"), "the recipe's name in its tuned table",
                                  "e.g. batch.recipe=lm") or "?"
     precision = tuned.normalize_precision(spec.get("precision", "32-true"))
-    memory = memory_per_device_gb(machine, devices)
+    memory = tuned.device_memory_gb(gpus=machine.gpus, gpu_memory_gb=machine.gpu_memory_gb,
+                                    memory_gb=machine.memory_gb, devices=devices)
     entry = tuned.lookup(entries, recipe, machine.name, precision, memory)
     key = f"{recipe}/{machine.name}/{precision}"
     if entry is not None:

@@ -185,12 +185,13 @@ class LocalBackend:
                       job_id=plan.job_id, base_env=os.environ, job_env=plan.env, cores_per_node=cores_per_node,
                       extra=plan.extra_env())
         for index, place in enumerate(plan.places()):
+            log = logs / plan.log_name(place)
             if per_node:
                 env = node_env(place.node_rank, num_nodes=plan.num_nodes, local_world_size=plan.devices, **common)
-                label, log = f"n{place.node_rank}", logs / f"node{place.node_rank}.log"
+                label = f"n{place.node_rank}"
             else:
                 env = rank_env(place, **common)
-                label, log = f"n{place.node_rank} r{place.rank}", logs / f"node{place.node_rank}.rank{place.rank}.log"
+                label = f"n{place.node_rank} r{place.rank}"
             if gpus:  # node n sees its own devices; LOCAL_RANK indexes into them
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[place.node_rank * plan.devices:][:plan.devices])
             elif self.host_gpus:

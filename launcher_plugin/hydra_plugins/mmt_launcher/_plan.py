@@ -100,11 +100,20 @@ class JobPlan:
             for l in range(self.processes_per_node)
         ]
 
+    def log_name(self, place: RankPlace) -> str:
+        """The file in ``<job dir>/logs`` that one process writes (every backend, the same name)."""
+        return process_log_name(place.node_rank, place.rank, self.per_node)
+
     def cost_estimate(self) -> Optional[float]:
         """Upper bound in USD: nodes x price per node-hour x time limit; None when the price is unknown."""
         if self.machine.price_per_hour is None:
             return None
         return self.num_nodes * self.machine.price_per_hour * self.timeout_s / 3600.0
+
+
+def process_log_name(node_rank: int, rank: int, per_node: bool) -> str:
+    """``node<n>.log`` for a per-node command, ``node<n>.rank<r>.log`` for a rank."""
+    return f"node{node_rank}.log" if per_node else f"node{node_rank}.rank{rank}.log"
 
 
 def machine_from_config(value: Any) -> Machine:

@@ -24,7 +24,6 @@ from ._signals import SignalTrap
 from ._slurm_task import SlurmTask, failed_tasks
 from .errors import ConfigError, RankFailure
 
-_CANCEL_WAIT_S = 60.0
 # how often the job dirs are read (rank 0's log, outcome files); SLURM itself is asked every poll_interval_s
 _TICK_S = 0.1
 
@@ -190,24 +189,21 @@ class SlurmBackend:
     def _failure(self, job: _Submitted, state: _slurm_state.JobState) -> RankFailure:
         """Which rank failed first: a Python error it reported, else srun's report of the dead task."""
         plan, directory = job.plan, _payload.payload_dir(job.plan.job_dir)
-        per_rank = plan.processes_per_node
+        places = plan.places()  # process index -> node and rank (per-node: the node's first rank)
         errors = sorted(directory.glob("proc*.error.json"), key=lambda p: p.stat().st_mtime)
         logs = Path(plan.job_dir) / "logs"
         if errors:
             index = int(errors[0].name[len("proc"):-len(".error.json")])
-            node = index // per_rank
-            rank = node * plan.devices if plan.per_node else index
-            return read_failure(directory, index, node, rank, None, None, str(logs / _log_name(plan, index)),
-                                whole_node=plan.per_node)
+            place = places[index]
+            return read_failure(directory, index, place.node_rank, place.rank, None, None,
+                                str(logs / plan.log_name(place)), whole_node=plan.per_node)
         stderr = Path(str(job.job.paths.stderr).replace("%t", "0"))
         reports = failed_tasks(stderr.read_text(errors="replace")) if stderr.exists() else []
         if reports:
-            task = int(reports[0]["task"])
-            node = task // per_rank
-            return RankFailure(rank=node * plan.devices if plan.per_node else task, node_rank=node,
-                               exit_code=reports[0]["exit_code"],
-                               signal=None if reports[0]["exit_code"] is not None else str(reports[0]["how"]),
-                               exception=None, traceback=None, log=str(logs / _log_name(plan, task)),
+            report, place = reports[0], places[int(reports[0]["task"])]
+            return RankFailure(rank=place.rank, node_rank=place.node_rank, exit_code=report["exit_code"],
+                               signal=None if report["exit_code"] is not None else str(report["how"]),
+                               exception=None, traceback=None, log=str(logs / plan.log_name(place)),
                                whole_node=plan.per_node)
         why = f"SLURM job {job.job.job_id} ended {state.state}" + (f" (exit {state.exit_code})"
                                                                   if state.exit_code else "")
@@ -215,8 +211,3 @@ class SlurmBackend:
             why += " without a result; SLURM accounting (sacct) is needed to tell why"
         return RankFailure(rank=0, node_rank=0, exit_code=None, signal=None, exception=why, traceback=None,
                            log=str(stderr))
-
-
-
-def _log_name(plan: JobPlan, index: int) -> str:
-    return f"node{index}.log" if plan.per_node else f"node{index // plan.devices}.rank{index}.log"

@@ -17,6 +17,8 @@ from typing import Dict, List, Optional
 from mmt import preemption
 from mmt.rank_env import RankPlace, node_env, rank_env
 
+from ._plan import process_log_name
+
 # SLURM variable -> the fact it gives
 SLURM_ENV = {
     "job_id": "SLURM_JOB_ID",
@@ -85,8 +87,8 @@ class SlurmTask:
         env[preemption.MAX_REQUEUES_VAR] = str(self.max_requeues)
         os.environ.clear()
         os.environ.update(env)
-        log = Path(self.job_dir) / "logs" / (f"node{facts['node']}.log" if self.per_node else
-                                             f"node{facts['node']}.rank{facts['global_rank']}.log")
+        log = Path(self.job_dir) / "logs" / process_log_name(int(facts["node"]), int(facts["global_rank"]),
+                                                             self.per_node)
         _redirect_output(log)
         preemption.install()  # replaces submitit's handler: mmt alone acts on the requeue signal
         # submitit ignores SIGTERM (so its checkpoint can finish); SLURM sends it when the job ends (a dead rank

@@ -17,19 +17,15 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 COMMAND_MODES = ("per_node", "per_rank")
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """A config node as plain Python (dicts, lists, scalars), interpolations resolved."""
     if isinstance(value, (DictConfig, ListConfig)):
         return OmegaConf.to_container(value, resolve=True)
     return value
 
 
-def plain(value: Any) -> Any:
-    """A config node as plain Python (dicts, lists, scalars), interpolations resolved."""
-    return _plain(value)
-
-
 def whole_number(key: str, value: Any, minimum: int, hint: str) -> int:
-    value = _plain(value)
+    value = plain(value)
     # bool is an int in Python; `num_nodes=true` is still a mistake
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(key, value, f"expected a whole number >= {minimum}", hint)
@@ -39,7 +35,7 @@ def whole_number(key: str, value: Any, minimum: int, hint: str) -> int:
 
 
 def positive_number(key: str, value: Any, hint: str) -> float:
-    value = _plain(value)
+    value = plain(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ConfigError(key, value, "expected a number > 0", hint)
     return float(value)
@@ -47,7 +43,7 @@ def positive_number(key: str, value: Any, hint: str) -> float:
 
 def optional_text(key: str, value: Any, what: str, hint: str) -> Optional[str]:
     """None stays None; anything else must be a non-blank string."""
-    value = _plain(value)
+    value = plain(value)
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
@@ -56,14 +52,14 @@ def optional_text(key: str, value: Any, what: str, hint: str) -> Optional[str]:
 
 
 def choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
-    value = _plain(value)
+    value = plain(value)
     if value not in allowed:
         raise ConfigError(key, value, f"expected one of {', '.join(allowed)}", f"e.g. {key}={allowed[0]}")
     return str(value)
 
 
 def env_vars(key: str, value: Any) -> Dict[str, str]:
-    value = _plain(value)
+    value = plain(value)
     if value is None:
         return {}
     if not isinstance(value, Mapping):

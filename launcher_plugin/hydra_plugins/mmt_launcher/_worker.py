@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import _payload
-from ._command import CommandFailedError, command_task  # noqa: F401  (CommandFailedError: unpickled by name)
+from ._command import command_task
 
 
 def _secondary_config(config: Any) -> Any:
@@ -42,10 +42,6 @@ def _without_file_handlers(logging_cfg: Any) -> Any:
         if isinstance(section, dict) and isinstance(section.get("handlers"), list):
             section["handlers"] = [h for h in section["handlers"] if h not in file_handlers]
     return logging_cfg
-
-
-# command mode: the task function runs the command and owns the processes it starts (see _command.py)
-_command_task = command_task
 
 
 def _apply_thread_count() -> None:
@@ -99,7 +95,7 @@ def run(directory: Path, index: int) -> int:
         from hydra._internal.callbacks import Callbacks
 
         context = HydraContext(config_loader=context.config_loader, callbacks=Callbacks())
-    task = payload.task_function if payload.command is None else _command_task(payload.command)
+    task = payload.task_function if payload.command is None else command_task(payload.command)
 
     ret = run_job(
         hydra_context=context,
