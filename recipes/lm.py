@@ -23,6 +23,7 @@ from lightning.pytorch.demos import Transformer
 from lightning.pytorch.strategies import DDPStrategy
 
 from mmt import RankInfo
+from mmt.checkpoints import resume_from
 from mmt.lightning import RequeueOnSignal, cluster_environment
 from recipes.corpus import load_splits, weights_digest
 from recipes.lm_common import StepClock, gather, keep_ddp_buckets, summary
@@ -132,7 +133,8 @@ def train(
         accumulate_grad_batches=accumulate_grad_batches,
         gradient_clip_val=gradient_clip_val,
         precision=precision,
-        logger=L.pytorch.loggers.CSVLogger(save_dir=out, name="", version=""),
+        # every step reaches metrics.csv at once: the launcher's progress and the live page read it
+        logger=L.pytorch.loggers.CSVLogger(save_dir=out, name="", version="", flush_logs_every_n_steps=1),
         log_every_n_steps=1,
         callbacks=[checkpoints, throughput, RequeueOnSignal(str(last))],  # mmt owns the requeue signal
         plugins=[environment] if environment else None,
@@ -141,7 +143,7 @@ def train(
         enable_model_summary=rank.is_main,
     )
     rank.check_world_size(trainer.world_size)
-    resumed = resume and last.exists()
+    resumed = resume_from(last, resume) is not None
     trainer.fit(module, datamodule=data, ckpt_path=str(last) if resumed else None)
 
     result = summary(val_loss=float(trainer.callback_metrics.get("val_loss", float("nan"))),

@@ -84,7 +84,8 @@ def summary(*, val_loss: float, train_losses: List[float], steps: int, world_siz
 
 
 def append_metrics(path: Path, rows: List[Dict[str, Any]]) -> None:
-    """Rank 0's ``metrics.csv``: one row per validation (step, train_loss, val_loss); appended on resume."""
+    """Rank 0's ``metrics.csv``: one row per optimizer step (step, train_loss, and val_loss where it validated);
+    appended on resume."""
     new = not path.exists()
     with open(path, "a", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=["step", "train_loss", "val_loss"])

@@ -20,6 +20,7 @@ from lightning.pytorch.demos import Transformer
 from torch.utils.data import DataLoader
 
 from mmt import RankInfo
+from mmt.checkpoints import resume_from
 from recipes.corpus import load_splits, weights_digest
 from recipes.lm_common import StepClock, append_metrics, gather, keep_ddp_buckets, summary
 
@@ -93,10 +94,10 @@ def train(
 
     last = out / "checkpoints" / "last.ckpt"
     state: Dict[str, Any] = {"model": network, "optimizer": optimizer, "step": 0}
-    resumed = resume and last.exists()
+    resumed = resume_from(last, resume) is not None
     if resumed:
         fabric.load(last, state)
-    clock, losses, rows = StepClock(rank.world_size, accumulate), [], []
+    clock, losses = StepClock(rank.world_size, accumulate), []
     val_loss, batches = float("nan"), _batches(train_loader)
     index = 0
     while state["step"] < max_steps:
@@ -115,16 +116,17 @@ def train(
             index += 1
             losses.append(loss.item())
         state["step"] += 1
+        row = {"step": state["step"], "train_loss": losses[-1], "val_loss": ""}
         if state["step"] % val_check_interval == 0:
             val_loss = _validate(fabric, network, val_loader, limit_val_batches)
-            rows.append({"step": state["step"], "train_loss": losses[-1], "val_loss": val_loss})
+            row["val_loss"] = val_loss
             fabric.save(last, state)  # rank 0 writes
             if fabric.global_rank == 0:  # fabric.print would print once per node
                 print(f"lm_fabric: step {state['step']} train_loss {losses[-1]:.4f} val_loss {val_loss:.4f}",
                       flush=True)
+        if fabric.global_rank == 0:  # every step, as it happens: the launcher's progress reads it
+            append_metrics(out / "metrics.csv", [row])
 
-    if fabric.global_rank == 0:
-        append_metrics(out / "metrics.csv", rows)
     result = summary(val_loss=val_loss, train_losses=losses, steps=state["step"], world_size=fabric.world_size,
                      micro=micro, accumulate=accumulate, samples_per_s=clock.samples_per_s, resumed=resumed,
                      digests=gather(weights_digest(network.module), rank.world_size), checkpoint=str(last))

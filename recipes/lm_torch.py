@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from mmt import RankInfo
+from mmt.checkpoints import resume_from, save_atomic
 from recipes.corpus import load_splits, weights_digest
 from recipes.lm_common import StepClock, append_metrics, gather, keep_ddp_buckets, summary
 
@@ -155,14 +156,14 @@ def _train(rank: RankInfo, run: _Run, out: Path, seed: int, data_dir: str, block
     optimizer = torch.optim.SGD(ddp.parameters(), lr=lr)
 
     last = out / "checkpoints" / "last.pt"
-    step, resumed = 0, resume and last.exists()
+    step, resumed = 0, resume_from(last, resume) is not None
     if resumed:  # every rank reads rank 0's checkpoint
         state = torch.load(last, map_location=run.device, weights_only=True)
         network.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step = int(state["step"])
 
-    clock, losses, rows = StepClock(rank.world_size, accumulate), [], []
+    clock, losses = StepClock(rank.world_size, accumulate), []
     val_loss, batches, index = float("nan"), _batches(train_loader, sampler), 0
     while step < max_steps:
         for micro_index in range(accumulate):
@@ -182,17 +183,18 @@ def _train(rank: RankInfo, run: _Run, out: Path, seed: int, data_dir: str, block
             index += 1
             losses.append(loss.item())
         step += 1
+        row = {"step": step, "train_loss": losses[-1], "val_loss": ""}
         if step % val_check_interval == 0:
             val_loss = run.validate(ddp, val_loader, limit_val_batches)
-            rows.append({"step": step, "train_loss": losses[-1], "val_loss": val_loss})
+            row["val_loss"] = val_loss
             if rank.is_main:
                 print(f"lm_torch: step {step} train_loss {losses[-1]:.4f} val_loss {val_loss:.4f}", flush=True)
                 _save(last, {"model": network.state_dict(), "optimizer": optimizer.state_dict(), "step": step})
             if rank.world_size > 1:
                 dist.barrier()  # nobody resumes from a half-written checkpoint
+        if rank.is_main:  # every step, as it happens: the launcher's progress reads it
+            append_metrics(out / "metrics.csv", [row])
 
-    if rank.is_main:
-        append_metrics(out / "metrics.csv", rows)
     result = summary(val_loss=val_loss, train_losses=losses, steps=step, world_size=rank.world_size, micro=micro,
                      accumulate=accumulate, samples_per_s=clock.samples_per_s, resumed=resumed,
                      digests=gather(weights_digest(network), rank.world_size), checkpoint=str(last))
@@ -203,7 +205,4 @@ def _train(rank: RankInfo, run: _Run, out: Path, seed: int, data_dir: str, block
 
 
 def _save(path: Path, state: Dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # a kill mid-save leaves the previous checkpoint intact
+    save_atomic(state, path)  # a kill mid-save leaves the previous checkpoint intact

@@ -45,6 +45,7 @@ def _facts(rank: RankInfo) -> Dict[str, Any]:
         "world_size": rank.world_size,
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
+        "ppid": os.getppid(),  # the node agent that forked this rank (or the SLURM task, per rank)
         "master": f"{rank.master_addr}:{rank.master_port}",
         "torch_threads": torch.get_num_threads(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),

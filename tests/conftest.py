@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Dict, List, Optional
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# the job registry of every process the tests start: their own, not the user's ~/.mmt
+os.environ.setdefault("MMT_HOME", tempfile.mkdtemp(prefix="mmt-tests-home."))
 # Every process a test starts inherits this variable (the launcher passes it to every rank), so the process
 # table can be searched for leftovers of exactly this test.
 TAG_VAR = "LEFTOVER_TAG"
@@ -128,7 +131,13 @@ def slurm_cluster():
     env = _cluster_env()
     os.environ.update(env)
     yield env
-    leftover = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True).stdout.strip()
+    # a job whose ranks all reported is concluded at once; SLURM may need a moment more for its epilog
+    deadline = time.monotonic() + 15
+    while True:
+        leftover = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True).stdout.strip()
+        if not leftover or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     if started_here:
         subprocess.run([str(CLUSTER_SCRIPT), "stop"], capture_output=True, timeout=120)
     assert leftover == "", f"jobs left in the queue after the tests: {leftover}"

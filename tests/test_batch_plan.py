@@ -7,11 +7,11 @@ import pytest
 import yaml
 
 from conftest import job_dirs, run_app
-from hydra_plugins.mmt_launcher._batch import plan_batch
-from hydra_plugins.mmt_launcher._plan import Machine
-from hydra_plugins.mmt_launcher.errors import ConfigError
-from mmt.rank_env import RankInfo, RankPlace, rank_env
-from mmt.tuned import write_entry
+from mmt.errors import ConfigError
+from mmt.planning.batch import plan_batch
+from mmt.planning.machine import Machine
+from mmt.rank_env import RankInfo, RankPlace, contract_env
+from mmt.tune.table import write_entry
 
 CPU = Machine(name="cpu", accelerator="cpu", gpus=0, cpus=4, memory_gb=16)
 A100_X_8 = Machine(name="a100_x_8", accelerator="gpu", gpus=8, cpus=96, memory_gb=1152, gpu_memory_gb=40)
@@ -107,8 +107,8 @@ def test_the_limit_comes_from_the_tuned_entry_for_the_jobs_memory_per_device(tmp
 
 def test_every_rank_reads_the_plan_back():
     plan = _plan(64, 2, 2, micro=8)
-    env = rank_env(RankPlace(1, 1, 2, 2), master_addr="127.0.0.1", master_port=1, job_dir="/j", job_id="x",
-                   base_env={"MMT_MICRO_BATCH_SIZE": "999"}, job_env={}, cores_per_node=2, extra=plan.env())
+    env = contract_env(RankPlace(1, 1, 2, 2), per_node=False, master_addr="127.0.0.1", master_port=1, job_dir="/j",
+                       job_id="x", extra=plan.env())
     info = RankInfo.from_env(env)
     assert (info.global_batch_size, info.micro_batch_size, info.grad_accum) == (64, 8, 2)
     assert info.batch_sizes() == (8, 2) and info.batch_sizes(8) == (8, 2)

@@ -190,5 +190,5 @@ def test_a_timed_out_command_takes_its_torchrun_workers_with_it(tmp_path, tag):
 def test_the_topology_variables_are_the_launchers(tmp_path):
     done = run_app("command='true'", "+env.PL_TRAINER_DEVICES=8", sweep_dir=tmp_path)
     assert done.returncode != 0
-    assert "Invalid env.PL_TRAINER_DEVICES=8: PL_TRAINER_DEVICES belongs to the rank contract" in done.stderr
+    assert "Invalid env.PL_TRAINER_DEVICES=***: PL_TRAINER_DEVICES belongs to the rank contract" in done.stderr
     assert "HINT: drop it; use num_nodes/devices to change the topology" in done.stderr

@@ -58,6 +58,7 @@ import torch.distributed
 from mmt import preemption
 from recipes import lm
 
+os.environ[preemption.MAX_REQUEUES_VAR] = "1"  # what an mmt SLURM task sets from hydra.launcher.max_requeues
 preemption.install()
 preemption.requeue = lambda: None
 out, stop_after = sys.argv[1], int(sys.argv[2])
@@ -83,7 +84,7 @@ torch.distributed.destroy_process_group()  # the Trainer leaves it open; gloo ca
 def _resume_launch(tmp_path, tag, name, stop_after):
     script = tmp_path / "resume_script.py"
     script.write_text(_RESUME_SCRIPT.format(repo=str(REPO), data=str(REPO / "data")))
-    done = run_app("num_nodes=2", "devices=2", "command_mode=per_rank", "+env.MMT_MAX_REQUEUES=1",
+    done = run_app("num_nodes=2", "devices=2", "command_mode=per_rank",
                    f"command='{sys.executable} {script} {tmp_path / name} {stop_after}'",
                    sweep_dir=tmp_path / f"sweep-{name}-{stop_after}", tag=tag)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

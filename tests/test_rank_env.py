@@ -4,13 +4,24 @@ import os
 
 import pytest
 
-from mmt.rank_env import RankInfo, RankPlace, node_env, rank_env, scrubbed
+from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
+from mmt.planning.machine import UNSPECIFIED_MACHINE
+from mmt.planning.plan import JobPlan
+from mmt.rank_env import RankInfo, RankPlace, scrubbed
 
-COMMON = dict(master_addr="127.0.0.1", master_port=40123, job_dir="/tmp/job", job_id="local-1-0")
+RENDEZVOUS = Rendezvous(master_addr="127.0.0.1", master_port=40123)
 
 
-def _env(place: RankPlace, base=None, job=None, cores=8):
-    return rank_env(place, base_env=base or {}, job_env=job or {}, cores_per_node=cores, **COMMON)
+def _plan(num_nodes: int, devices: int, env=None, command=None, command_mode="per_node") -> JobPlan:
+    return JobPlan(num=0, name="job-0", job_id="local-1-0", overrides=(), job_dir="/tmp/job", num_nodes=num_nodes,
+                   devices=devices, machine=UNSPECIFIED_MACHINE, image=None, command=command,
+                   command_mode=command_mode, env=env or {}, timeout_s=60.0)
+
+
+def _env(place: RankPlace, base=None, job=None, cores=8, python=None):
+    plan = _plan(place.num_nodes, place.local_world_size, env=job)
+    return process_env(plan, place, rendezvous=RENDEZVOUS, inherited=base or {}, copied={}, cores_per_node=cores,
+                       python=python)
 
 
 def test_two_by_two_ranks_and_node_ranks():
@@ -51,8 +62,9 @@ def test_user_env_cannot_override_the_contract():
 
 
 def test_node_env_tells_lightning_the_topology_without_per_rank_variables():
-    env = node_env(1, num_nodes=2, local_world_size=4, base_env={"LOCAL_RANK": "3"}, job_env={}, cores_per_node=8,
-                   **COMMON)
+    plan = _plan(2, 4, command="python train.py")
+    env = process_env(plan, plan.place(1), rendezvous=RENDEZVOUS, inherited={"LOCAL_RANK": "3"}, copied={},
+                      cores_per_node=8, python=None)
     assert "LOCAL_RANK" not in env and "RANK" not in env
     assert env["NODE_RANK"] == "1" and env["WORLD_SIZE"] == "8" and env["LOCAL_WORLD_SIZE"] == "4"
     assert env["PL_TRAINER_NUM_NODES"] == "2" and env["PL_TRAINER_DEVICES"] == "4"
@@ -78,9 +90,20 @@ def test_world_size_mismatch_is_refused_with_a_hint():
 def test_slurm_threads_never_count_more_cores_than_the_host_has():
     # a SLURM node may declare more CPUs than its host has (the test cluster's nodes do): OMP_NUM_THREADS is
     # split from the smaller number, or OpenMP threads spin against each other (measured 6.5x slower)
-    from hydra_plugins.mmt_launcher._slurm_task import node_cores
+    from mmt.backends.slurm.task import node_cores
 
     host = os.cpu_count()
     assert node_cores(str(host * 2)) == host
     assert node_cores("1") == 1
     assert node_cores(None) == host
+
+
+def test_the_launchers_python_comes_first_on_path_and_in_a_venv_is_the_venv():
+    venv = PythonEnvironment(executable="/home/ada/project/.venv/bin/python", prefix="/home/ada/project/.venv",
+                             in_venv=True)
+    env = _env(RankPlace(0, 0, 1, 1), base={"PATH": "/usr/bin:/home/ada/project/.venv/bin"}, python=venv)
+    assert env["PATH"] == "/home/ada/project/.venv/bin:/usr/bin"
+    assert env["VIRTUAL_ENV"] == "/home/ada/project/.venv"
+    system = PythonEnvironment(executable="/usr/bin/python3", prefix="/usr", in_venv=False)
+    env = _env(RankPlace(0, 0, 1, 1), base={"PATH": "/bin", "VIRTUAL_ENV": "/stale"}, python=system)
+    assert env["PATH"] == "/usr/bin:/bin" and "VIRTUAL_ENV" not in env

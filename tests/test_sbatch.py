@@ -13,10 +13,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import results, run_app
-from hydra_plugins.mmt_launcher._plan import Machine, JobPlan
-from hydra_plugins.mmt_launcher._sbatch import SlurmSettings, render_script
 from hydra_plugins.mmt_launcher.config import SlurmLauncherConf
-from hydra_plugins.mmt_launcher.errors import ConfigError
+from mmt.backends.slurm.sbatch import SlurmSettings, render_script
+from mmt.errors import ConfigError
+from mmt.jobdir import Attempt
+from mmt.planning.machine import Machine
+from mmt.planning.plan import JobPlan
 
 GOLDEN = Path(__file__).parent / "golden"
 PROJECT = "/home/ada/project"
@@ -24,7 +26,7 @@ A100 = Machine(name="a100_x_8", accelerator="gpu", gpus=8, cpus=96, memory_gb=11
 
 
 def _plan(**overrides) -> JobPlan:
-    values = dict(num=3, job_id="slurm-1-3", overrides=("num_nodes=2",), job_dir="/shared/sweep/3", num_nodes=2,
+    values = dict(num=3, name="sweep-3", job_id="1202-101010-abcd-3", overrides=("num_nodes=2",), job_dir="/shared/sweep/3", num_nodes=2,
                   devices=8, machine=A100, image=None, command=None, command_mode="per_node", env={},
                   timeout_s=7200.0, dry_run=False)
     values.update(overrides)
@@ -37,6 +39,13 @@ def _settings(**overrides) -> SlurmSettings:
     for key, value in overrides.items():
         cfg[key] = value
     return SlurmSettings.from_config(cfg)
+
+
+ATTEMPT = Attempt(Path("/shared/sweep/3/.mmt/attempts/20261202T101010-abcdef"))
+
+
+def _render(plan: JobPlan, settings: SlurmSettings) -> str:
+    return render_script(plan, settings, PROJECT, "mmt-3", ATTEMPT)
 
 
 def _check_golden(name: str, text: str) -> None:
@@ -53,23 +62,23 @@ def test_pass_through_options_and_site_settings():
                          setup=["module load cuda/12.4", "source ~/venv/bin/activate"],
                          sbatch_extra={"mail-type": "END", "exclusive": True, "comment": "lr sweep"},
                          srun_extra=["--cpu-bind=cores"])
-    _check_golden("pass_through.sbatch", render_script(_plan(), settings, PROJECT, "mmt-3"))
+    _check_golden("pass_through.sbatch", _render(_plan(), settings))
 
 
 def test_pyxis_container():
     settings = _settings(container_runtime="pyxis", container_mounts=["/datasets:/data"])
     plan = _plan(image="nvcr.io/nvidia/pytorch:24.05-py3")
-    _check_golden("pyxis.sbatch", render_script(plan, settings, PROJECT, "mmt-3"))
+    _check_golden("pyxis.sbatch", _render(plan, settings))
 
 
 def test_apptainer_container():
     settings = _settings(container_runtime="apptainer", container_mounts=["/datasets:/data"])
     plan = _plan(image="docker://nvcr.io/nvidia/pytorch:24.05-py3")
-    _check_golden("apptainer.sbatch", render_script(plan, settings, PROJECT, "mmt-3"))
+    _check_golden("apptainer.sbatch", _render(plan, settings))
 
 
 def test_per_node_command_starts_one_task_per_node():
-    script = render_script(_plan(command="python train_fsdp.py"), _settings(), PROJECT, "mmt-3")
+    script = _render(_plan(command="python train_fsdp.py"), _settings())
     assert "#SBATCH --ntasks-per-node=1\n" in script and "#SBATCH --cpus-per-task=96\n" in script
 
 
@@ -79,7 +88,7 @@ HOSTILE = "it's; $(touch /tmp/mmt-pwned) `touch /tmp/mmt-pwned` && echo \"x\" | 
 def test_hostile_values_are_quoted_in_the_script(tmp_path):
     settings = _settings(partition=HOSTILE, sbatch_extra={"comment": HOSTILE}, srun_extra=[HOSTILE],
                          container_mounts=["/a b:/c'd"], container_runtime="apptainer")
-    script = render_script(_plan(image="img'; rm -rf /"), settings, PROJECT, "mmt-3")
+    script = _render(_plan(image="img'; rm -rf /"), settings)
     path = tmp_path / "job.sh"
     path.write_text(script.replace("srun ", "printf '%s\\n' ", 1))
     # run the script's shell lines with srun replaced by printf: every argument arrives as one literal word

@@ -1,5 +1,6 @@
 """cluster=slurm on a real two-node SLURM cluster started by scripts/slurm_cluster.sh (no fake sbatch)."""
 
+import json
 import signal
 import subprocess
 import time
@@ -21,7 +22,7 @@ def _squeue() -> str:
     return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.strip()
 
 
-def test_probe_sweep_one_and_two_nodes(tmp_path, tag):
+def test_probe_sweep_one_and_two_nodes_one_agent_per_node(tmp_path, tag):
     done = run_app(*SLURM_PROBE, "num_nodes=1,2", sweep_dir=tmp_path, tag=tag, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     one, two = results(tmp_path)
@@ -31,12 +32,29 @@ def test_probe_sweep_one_and_two_nodes(tmp_path, tag):
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
     assert [r["node_rank"] for r in ranks] == [0, 0, 1, 1]
     assert [r["hostname"] for r in ranks] == ["node1", "node1", "node2", "node2"]  # real, distinct nodes
-    # the contract is SLURM's own view of the job
-    assert [r["slurm_procid"] for r in ranks] == ["0", "1", "2", "3"]
-    assert [r["slurm_nodeid"] for r in ranks] == ["0", "0", "1", "1"]
+    # one SLURM task per node: its node agent forked both ranks of the node (one parent per node, two agents)
+    parents = [r["ppid"] for r in ranks]
+    assert parents[0] == parents[1] and parents[2] == parents[3] and parents[0] != parents[2]
+    [attempt] = (tmp_path / "1" / ".mmt" / "attempts").iterdir()
+    agents = [json.loads((attempt / f"agent.{n}.json").read_text()) for n in (0, 1)]
+    assert [a["host"] for a in agents] == ["node1", "node2"] and [a["pid"] for a in agents] == [parents[0], parents[2]]
+    # the ranks see the contract, not SLURM's per-task variables (Lightning picks LightningEnvironment)
+    assert {r["slurm_procid"] for r in ranks} == {None}
     assert {r["master"] for r in ranks} == {f"node1:{20000 + int(two['scheduler_id']) % 20000}"}
     assert two["return_value"]["all_reduce"] == 10.0
     assert [r["hostname"] for r in one["return_value"]["ranks"]] in (["node1"] * 2, ["node2"] * 2)
+
+
+def test_per_rank_tasks_map_slurms_own_ids_onto_the_contract(tmp_path, tag):
+    done = run_app(*SLURM_PROBE, "num_nodes=2", "hydra.launcher.tasks=per_rank", sweep_dir=tmp_path, tag=tag,
+                   timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = results(tmp_path)[0]["return_value"]["ranks"]
+    assert [r["hostname"] for r in ranks] == ["node1", "node1", "node2", "node2"]
+    assert [r["slurm_procid"] for r in ranks] == ["0", "1", "2", "3"]
+    assert [r["slurm_nodeid"] for r in ranks] == ["0", "0", "1", "1"]
+    [attempt] = (tmp_path / "0" / ".mmt" / "attempts").iterdir()
+    assert not list(attempt.glob("agent.*.json"))  # every rank is a SLURM task of its own: no node agent
 
 
 def test_a_rank_that_raises_ends_the_job_quickly_and_is_named(tmp_path, tag):
@@ -103,12 +121,15 @@ def test_ctrl_c_on_the_launcher_cancels_its_jobs(tmp_path, tag):
 SLURM_LM = ("cluster=slurm", "num_nodes=2", "devices=2", "hydra.launcher.poll_interval_s=0.5")
 
 
-def test_lightning_two_by_two_on_slurm_trains_one_model(tmp_path, tag):
-    done = run_app(*SLURM_LM, sweep_dir=tmp_path, tag=tag, timeout=300)
+@pytest.mark.parametrize("tasks, environment", [("per_node", "LightningEnvironment"),
+                                                ("per_rank", "SLURMEnvironment")])
+def test_lightning_two_by_two_on_slurm_trains_one_model(tasks, environment, tmp_path, tag):
+    done = run_app(*SLURM_LM, f"hydra.launcher.tasks={tasks}", sweep_dir=tmp_path, tag=tag, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     value = results(tmp_path)[0]["return_value"]
-    # Lightning chose its SLURM environment, and it agreed with num_nodes/devices (it validates both)
-    assert value["cluster_environment"] == "SLURMEnvironment"
+    # per node, the agent's ranks carry the contract and Lightning uses it; per rank, Lightning picks its SLURM
+    # environment and validates num_nodes/devices against SLURM's own view
+    assert value["cluster_environment"] == environment
     assert value["world_size"] == 4
     assert len(value["weight_digests"]) == 4 and len(set(value["weight_digests"])) == 1
     assert value["train_loss_last"] < value["train_loss_first"]

@@ -1,10 +1,23 @@
 """mmt: multi-machine training for Hydra apps.
 
-The launcher itself is the Hydra plugin ``hydra_plugins.mmt_launcher``; this package is what a training script
-imports: the rank-env contract (:class:`RankInfo`).
+What training code imports: the rank-env contract (:class:`RankInfo`). The job SDK (``Job``, ``MMT``, ``Machine``,
+``Status``, shaped like Lightning's) loads on first use, so that ``import mmt`` in every rank stays light. The Hydra
+launcher itself is the plugin ``hydra_plugins.mmt_launcher``.
 """
+
+from typing import Any
 
 from mmt.rank_env import RankInfo
 
-__all__ = ["RankInfo"]
-__version__ = "0.1.0"
+__all__ = ["RankInfo", "Job", "MMT", "Machine", "Status"]
+__version__ = "0.2.0"
+
+_SDK = ("Job", "MMT", "Machine", "Status")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SDK:
+        from mmt import sdk
+
+        return getattr(sdk, name)
+    raise AttributeError(f"module 'mmt' has no attribute {name!r}")

@@ -4,9 +4,10 @@ SLURM sends ``SIGUSR2`` to every task ``signal_delay_s`` before the time limit (
 site or ``scancel --signal=USR2`` sends it on preemption. Exactly one component may act on it, or a job is
 checkpointed twice, requeued twice, or killed while saving (submitit #1709, Lightning #20056). mmt takes it:
 
-* the SLURM task wrapper installs :func:`install` in every rank, replacing submitit's handler (submitit still
-  submits and watches the job; its own checkpoint/requeue never runs), and Lightning's SLURM auto-requeue is
-  switched off (:func:`mmt.lightning.cluster_environment`);
+* every rank of an mmt SLURM job installs :func:`install` (the worker does, when the task sets
+  ``MMT_PREEMPTIBLE=1``), replacing submitit's handler (submitit still submits and watches the job; its own
+  checkpoint/requeue never runs), and Lightning's SLURM auto-requeue is switched off
+  (:func:`mmt.lightning.cluster_environment`); the node agent forwards the signal to the ranks it forked;
 * the handler only sets a flag; training code (``mmt.lightning.RequeueOnSignal``) agrees on it across ranks at
   a step boundary, checkpoints at the next epoch end (where Lightning resumes exactly), and calls
   :func:`requeue`; the requeued job starts again in the same output dir and resumes from that checkpoint.
@@ -19,8 +20,14 @@ import signal
 import subprocess
 
 REQUEUE_SIGNAL = signal.SIGUSR2
-# how many times one job may be requeued (the launcher sets it from hydra.launcher.max_requeues)
+# set by the SLURM task for every rank: take the signal; how often the job may be requeued
+# (hydra.launcher.max_requeues); the SLURM job and its restart (SLURM's own variables are not every rank's);
+# the file that marks this restart as requeued, so that the job's own conclusion does not report it as ended
+PREEMPTIBLE_VAR = "MMT_PREEMPTIBLE"
 MAX_REQUEUES_VAR = "MMT_MAX_REQUEUES"
+JOB_ID_VAR = "MMT_SLURM_JOB_ID"
+RESTARTS_VAR = "MMT_SLURM_RESTART_COUNT"
+MARKER_VAR = "MMT_REQUEUE_MARKER"
 
 _state = {"installed": False, "requested": False}
 
@@ -50,7 +57,7 @@ def requested() -> bool:
 
 
 def restarts() -> int:
-    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    return int(os.environ.get(RESTARTS_VAR) or os.environ.get("SLURM_RESTART_COUNT") or 0)
 
 
 def requeue_allowed() -> bool:
@@ -59,5 +66,8 @@ def requeue_allowed() -> bool:
 
 def requeue() -> None:
     """Ask SLURM to requeue this job (same job id, same output dir). Call on one rank, after checkpointing."""
-    job_id = os.environ["SLURM_JOB_ID"]
+    job_id = os.environ.get(JOB_ID_VAR) or os.environ["SLURM_JOB_ID"]
+    marker = os.environ.get(MARKER_VAR)
+    if marker:
+        open(marker, "w").close()
     subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True, text=True, timeout=60)

@@ -1,8 +1,8 @@
 """The rank-env contract: the one module that names, builds and reads the variables every rank sees.
 
-The launcher (every backend) builds a rank's environment with :func:`rank_env` (or :func:`node_env` when a
-command starts its own local ranks); recipes read it back with :meth:`RankInfo.from_env`. Nothing else in the
-project spells these variable names.
+The launcher (every backend) builds a process's contract with :func:`contract_env` (inside the full environment that
+``mmt.planning.environment.process_env`` assembles); recipes read it back with :meth:`RankInfo.from_env`. Nothing
+else in the project spells these variable names.
 
 Contract (N nodes x M processes per node, node n, local index l):
 
@@ -74,7 +74,7 @@ RESERVED = frozenset(
 # Inherited variables that make a framework believe it runs somewhere else: a stray SLURM_NTASKS makes Lightning
 # pick SLURMEnvironment with wrong ranks, TORCHELASTIC_RUN_ID makes it trust RANK/WORLD_SIZE, LT_*/PL_TRAINER_*
 # override Trainer/Fabric arguments, LSB_*/JSM_* select LSFEnvironment.
-_SCRUB_PREFIXES = (
+SCRUBBED_PREFIXES = (
     "SLURM_", "SLURMD_", "SBATCH_", "SRUN_", "TORCHELASTIC_", "LT_", "PL_TRAINER_", "PL_FABRIC_", "OMPI_", "PMI_",
     "PMIX_", "LSB_", "JSM_NAMESPACE_", "SUBMITIT_", "MMT_",
 )
@@ -107,13 +107,13 @@ def _with_extra(env: dict[str, str], extra: Optional[Mapping[str, str]]) -> dict
 def scrubbed(base_env: Mapping[str, str]) -> dict[str, str]:
     """A copy of ``base_env`` without inherited cluster, torchelastic, Lightning and rank variables."""
     return {
-        k: v for k, v in base_env.items() if k not in _SCRUB_NAMES and not k.startswith(_SCRUB_PREFIXES)
+        k: v for k, v in base_env.items() if k not in _SCRUB_NAMES and not k.startswith(SCRUBBED_PREFIXES)
     }
 
 
 @dataclass(frozen=True)
 class RankPlace:
-    """Where one rank sits in an N x M job."""
+    """Where one process sits in an N x M job (in per-node command mode, local_rank 0 stands for the node)."""
 
     node_rank: int
     local_rank: int
@@ -129,91 +129,35 @@ class RankPlace:
         return self.num_nodes * self.local_world_size
 
 
-def _threads_per_rank(cores_per_node: int, ranks_per_node: int) -> str:
+def threads_per_rank(cores_per_node: int, ranks_per_node: int) -> str:
     return str(max(1, cores_per_node // max(1, ranks_per_node)))
 
 
-def _common(node_rank: int, num_nodes: int, local_world_size: int, master_addr: str, master_port: int,
-            job_dir: str, job_id: str) -> dict[str, str]:
-    return {
+def contract_env(place: RankPlace, *, per_node: bool, master_addr: str, master_port: Any, job_dir: str, job_id: str,
+                 extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """The contract variables of one process, and nothing else.
+
+    ``per_node``: the process is a command that creates the node's ranks itself: no RANK/LOCAL_RANK (they would
+    tell Lightning the ranks already exist), and the topology in Lightning's names instead.
+    ``extra``: launcher-owned additions (:func:`batch_env`, :func:`topology_hints`); they may not change the rest.
+    """
+    env = {
         MASTER_ADDR: master_addr,
         MASTER_PORT: str(master_port),
-        NODE_RANK: str(node_rank),
-        GROUP_RANK: str(node_rank),
-        WORLD_SIZE: str(num_nodes * local_world_size),
-        LOCAL_WORLD_SIZE: str(local_world_size),
-        NUM_NODES: str(num_nodes),
+        NODE_RANK: str(place.node_rank),
+        GROUP_RANK: str(place.node_rank),
+        WORLD_SIZE: str(place.world_size),
+        LOCAL_WORLD_SIZE: str(place.local_world_size),
+        NUM_NODES: str(place.num_nodes),
         MMT_JOB_DIR: job_dir,
         MMT_JOB_ID: job_id,
     }
-
-
-def contract_env(place: RankPlace, *, master_addr: str, master_port: int, job_dir: str, job_id: str,
-                 extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """The contract variables of one rank, and nothing else (what a dry run shows).
-
-    ``extra``: launcher-owned additions (:func:`batch_env`, :func:`topology_hints`); they may not change the rest.
-    """
-    env = _common(place.node_rank, place.num_nodes, place.local_world_size, master_addr, master_port, job_dir, job_id)
-    env[LOCAL_RANK] = str(place.local_rank)
-    env[RANK] = str(place.rank)
+    if per_node:
+        env.update(topology_hints(place.num_nodes, place.local_world_size))
+    else:
+        env[LOCAL_RANK] = str(place.local_rank)
+        env[RANK] = str(place.rank)
     return _with_extra(env, extra)
-
-
-def rank_env(
-    place: RankPlace,
-    *,
-    master_addr: str,
-    master_port: int,
-    job_dir: str,
-    job_id: str,
-    base_env: Mapping[str, str],
-    job_env: Mapping[str, str],
-    cores_per_node: int,
-    extra: Optional[Mapping[str, str]] = None,
-) -> dict[str, str]:
-    """The full environment of one rank: scrubbed ``base_env``, then the user's ``job_env``, then the contract
-    (with the launcher's ``extra`` variables, e.g. :func:`batch_env`)."""
-    env = scrubbed(base_env)
-    env.update(job_env)
-    if OMP_NUM_THREADS not in env:
-        env[OMP_NUM_THREADS] = _threads_per_rank(cores_per_node, place.local_world_size)
-    env.update(contract_env(place, master_addr=master_addr, master_port=master_port, job_dir=job_dir, job_id=job_id,
-                            extra=extra))
-    return env
-
-
-def node_contract_env(node_rank: int, *, num_nodes: int, local_world_size: int, master_addr: str, master_port: int,
-                      job_dir: str, job_id: str, extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """The contract of one node whose command creates its own ``local_world_size`` ranks (no RANK/LOCAL_RANK)."""
-    env = _common(node_rank, num_nodes, local_world_size, master_addr, master_port, job_dir, job_id)
-    env.update(topology_hints(num_nodes, local_world_size))
-    return _with_extra(env, extra)
-
-
-def node_env(
-    node_rank: int,
-    *,
-    num_nodes: int,
-    local_world_size: int,
-    master_addr: str,
-    master_port: int,
-    job_dir: str,
-    job_id: str,
-    base_env: Mapping[str, str],
-    job_env: Mapping[str, str],
-    cores_per_node: int,
-    extra: Optional[Mapping[str, str]] = None,
-) -> dict[str, str]:
-    """The full environment of a per-node command: like :func:`rank_env` without the per-rank variables."""
-    env = scrubbed(base_env)
-    env.update(job_env)
-    if OMP_NUM_THREADS not in env:
-        env[OMP_NUM_THREADS] = _threads_per_rank(cores_per_node, local_world_size)
-    env.update(node_contract_env(node_rank, num_nodes=num_nodes, local_world_size=local_world_size,
-                                 master_addr=master_addr, master_port=master_port, job_dir=job_dir, job_id=job_id,
-                                 extra=extra))
-    return env
 
 
 @dataclass(frozen=True)

@@ -7,24 +7,60 @@ The fields of :class:`JobConf` describe *each job* and are read from the job's o
 launcher's constructor (which Hydra resolves once, against the master config, so ``num_nodes=1,2`` would otherwise
 launch every job with one node). Their defaults point at the app's top-level keys (``num_nodes``, ``devices``,
 ``machine`` ...) through ``oc.select``, so an app that uses those names needs no wiring, and any other app still
-runs (1 node x 1 process).
+runs (1 node x 1 process). Those fields are typed ``Any``: a typed field would make OmegaConf reject a bad value
+while Hydra instantiates the launcher, with a traceback, instead of mmt's planner naming the key, the value, what
+is allowed and a hint. Every other field carries its real type.
 """
 
+import enum
+import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+# Unique per launcher process: the default sweep dir is ``${mmt_launch_id:}`` (its time and a random token), so two
+# sweeps started in the same second never share a dir (``${now:%H-%M-%S}`` alone collides); the launch's jobs are
+# named after it.
+_STARTED, _TOKEN = time.localtime(), secrets.token_hex(2)
+LAUNCH_ID = time.strftime("%H-%M-%S", _STARTED) + "-" + _TOKEN
+JOB_NAME_ID = time.strftime("%m%d-%H%M%S", _STARTED) + "-" + _TOKEN
+OmegaConf.register_new_resolver("mmt_launch_id", lambda: LAUNCH_ID, replace=True)
+
+
+class StartMethod(enum.Enum):
+    fork = "fork"  # ranks fork from the node agent, which imported the recipe's `preload` once
+    spawn = "spawn"  # every rank is a fresh interpreter (slower; for code that is not fork-safe)
+
+
+class ConsoleMode(enum.Enum):
+    rank0 = "rank0"
+    all = "all"
+    none = "none"
+
+
+class SlurmTasks(enum.Enum):
+    per_node = "per_node"  # one task per node: the node agent, which forks the node's ranks
+    per_rank = "per_rank"  # one task per rank, for sites that bind resources per task
+
+
+class ContainerRuntime(enum.Enum):
+    pyxis = "pyxis"
+    apptainer = "apptainer"
+    singularity = "singularity"
 
 
 @dataclass
 class JobConf:
-    """What each job is. Values are validated when the job is planned (see ``_validate.py``)."""
+    """What each job is, and how a launch runs. Values are validated when a job is planned (mmt.planning)."""
 
     # nodes per job (int >= 1)
     num_nodes: Any = "${oc.select:num_nodes,1}"
     # processes per node (int >= 1); null = the machine's GPU count, 1 on CPU machines
     devices: Any = "${oc.select:devices,null}"
-    # hardware of each node: a machine catalogue entry (conf/machine/*.yaml); null = unspecified, no price
+    # hardware of each node: a machine catalogue entry (machine=<name>); null = unspecified, no price
     machine: Any = "${oc.select:machine,null}"
     # container image every node runs in; null = this environment
     image: Any = "${oc.select:image,null}"
@@ -33,20 +69,43 @@ class JobConf:
     # per_node: the command runs once per node and starts its own local ranks (Lightning, torchrun, mp.spawn);
     # per_rank: it runs once per rank with the full rank contract
     command_mode: Any = "${oc.select:command_mode,per_node}"
-    # extra environment variables for every rank: {NAME: value}
+    # extra environment variables for every rank: {NAME: value}; values are never printed
     env: Any = "${oc.select:env,null}"
     # the recipe's batch section: global_size (+ recipe, precision, default_micro, micro, table); the plan splits
-    # it into micro-batch x accumulation for each job's world and machine (see _batch.py); null = no batch plan
+    # it into micro-batch x accumulation for each job's world and machine; null = no batch plan
     batch: Any = "${oc.select:batch,null}"
+    # optimizer steps the recipe takes, for progress and ETA; null = unknown
+    max_steps: Any = "${oc.select:recipe.max_steps,null}"
+    # the key of the returned dict a sweeper optimises (Optuna ...): the job's value becomes that number; null =
+    # summary_metric for sweepers that need a number, the whole return value for the basic sweeper
+    optimized_metric: Any = "${oc.select:optimized_metric,null}"
     # wall-clock limit of one job, in minutes; when it is reached every rank is stopped and the job is TIMEOUT
-    timeout_min: Any = 60
+    timeout_min: float = 60
+    # names of variables copied from the launcher's own environment into every rank (secrets stay off the
+    # command line and out of every file mmt writes), e.g. [HF_TOKEN, WANDB_API_KEY]
+    env_from: List[str] = field(default_factory=list)
     # print each job's plan (ranks, env, command, machine, cost estimate) and start nothing
     dry_run: bool = False
     # key of the returned dict shown as the metric in the sweep summary; null = its first number
     summary_metric: Optional[str] = None
-    # local backend: modules its agent imports once before forking the ranks (recipes name what they import);
-    # never a module that initialises CUDA on import. Other backends ignore it.
-    preload: List[str] = field(default_factory=lambda: ["torch"])
+    # modules the node agent imports once before forking the ranks (recipes name what they import); never a
+    # module that initialises CUDA on import. Empty: an app that never imports torch pays nothing for it.
+    preload: List[str] = field(default_factory=list)
+    # how the node agent starts ranks
+    start_method: StartMethod = StartMethod.fork
+    # seconds between SIGTERM and SIGKILL when a job's processes are stopped
+    kill_grace_s: float = 1.0
+    # whose output the console shows live, prefixed with job, node and rank
+    console: ConsoleMode = ConsoleMode.rank0
+    # seconds between machine-metrics samples of every node (metrics/node<n>.jsonl); 0 = off
+    metrics_interval_s: float = 1.0
+    # a name for the launch's jobs in the registry (mmt list): <name>-<job num>; null = <app>-<launch id>-<num>
+    name: Optional[str] = None
+    # submit every job and return at once; the jobs conclude themselves (SLURM: inside the allocation; local: in a
+    # supervisor process that outlives the terminal). Basic sweeper only: each job's value is a handle (mmt.Job)
+    detach: bool = False
+    # serve the live page (mmt dashboard) for the sweep while the launch runs, and print its URL
+    dashboard: bool = False
 
 
 @dataclass
@@ -59,28 +118,23 @@ class LocalLauncherConf(JobConf):
     max_parallel_ranks: Optional[int] = None
     # address of node 0 (all simulated nodes share this host's loopback)
     master_addr: str = "127.0.0.1"
-    # fork: ranks are forked from a per-host agent that imported `preload` once (fast start);
-    # spawn: every rank is a fresh interpreter (slower, for code that is not fork-safe)
-    start_method: str = "fork"
-    # seconds between SIGTERM and SIGKILL when ranks are stopped
-    kill_grace_s: float = 1.0
-    # whose output the console shows live, prefixed with job, node and rank: rank0 | all | none
-    console: str = "rank0"
 
 
 @dataclass
 class SlurmLauncherConf(JobConf):
-    """Each job is one SLURM job of N nodes x M tasks, submitted through submitit."""
+    """Each job is one SLURM job of N nodes, submitted through submitit."""
 
     _target_: str = "hydra_plugins.mmt_launcher.mmt_launcher.MMTSlurmLauncher"
     # submitit's folder (sbatch scripts, per-task logs, pickles); %j is the SLURM job id
     submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
+    # one task per node running the node agent (default), or one task per rank
+    tasks: SlurmTasks = SlurmTasks.per_node
     # partition / account / qos / constraint (#SBATCH --partition ...); null = the site default
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
     constraint: Optional[str] = None
-    # CPUs per task (one task per rank); null = machine cpus // devices
+    # CPUs per task; null = the machine's cpus / tasks per node
     cpus_per_task: Optional[int] = None
     # memory per node in GB; null = the site default
     mem_gb: Optional[int] = None
@@ -92,8 +146,8 @@ class SlurmLauncherConf(JobConf):
     sbatch_extra: Dict[str, Any] = field(default_factory=dict)
     # any other srun option: ["--option=value", ...]
     srun_extra: List[str] = field(default_factory=list)
-    # how a job with an `image` runs: pyxis (srun --container-image) | apptainer | singularity
-    container_runtime: str = "pyxis"
+    # how a job with an `image` runs
+    container_runtime: ContainerRuntime = ContainerRuntime.pyxis
     # bind mounts for the container: ["/host/path:/container/path", ...]; the project dir is always mounted
     container_mounts: List[str] = field(default_factory=list)
     # seconds before the time limit at which SLURM sends the requeue/checkpoint signal

@@ -1,17 +1,17 @@
-"""The Hydra launchers: one thin class per backend; the work happens in ``_core`` and the backend modules.
+"""The Hydra launchers: one thin class per backend. The work happens in ``mmt.launching``.
 
-Imported during Hydra's plugin discovery, so heavy modules are imported lazily, inside ``launch()``.
+Imported during Hydra's plugin discovery, so the engine is imported lazily, inside ``setup()``/``launch()``. A
+launcher keeps its backend (and the local host agent) for as long as it lives: every batch a sweeper hands it runs
+on the same agent, which imported the recipe's modules once.
 """
 
-import logging
+import weakref
 from typing import Any, ClassVar, Optional, Sequence
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
-
-log = logging.getLogger(__name__)
 
 
 class MMTLauncher(Launcher):
@@ -25,21 +25,26 @@ class MMTLauncher(Launcher):
         self.config: Optional[DictConfig] = None
         self.task_function: Optional[TaskFunction] = None
         self.hydra_context: Optional[HydraContext] = None
+        self.backend: Any = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from mmt.launching import hydra_jobs
+
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
+        hydra_jobs.check_sweep_dir(config)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        # lazy import to ensure plugin discovery remains fast
-        from . import _core
+        from mmt.launching import hydra_jobs
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        return _core.launch(self, job_overrides, initial_job_idx)
-
-    def make_backend(self, launcher_cfg: DictConfig) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} has no backend")
+        if self.backend is None:
+            self.backend = hydra_jobs.make_backend(self.BACKEND, self.config.hydra.launcher)
+            # the agent lives as long as this launcher: every batch of the sweep, then it goes (at the latest, with
+            # the process; an app that launches in-process again gets a new launcher and a new agent)
+            weakref.finalize(self, self.backend.close)
+        return hydra_jobs.launch(self, job_overrides, initial_job_idx)
 
 
 class MMTLocalLauncher(MMTLauncher):
@@ -47,18 +52,8 @@ class MMTLocalLauncher(MMTLauncher):
 
     BACKEND = "local"
 
-    def make_backend(self, launcher_cfg: DictConfig) -> Any:
-        from ._local import LocalBackend, LocalSettings
-
-        return LocalBackend(LocalSettings.from_config(launcher_cfg))
-
 
 class MMTSlurmLauncher(MMTLauncher):
-    """``hydra/launcher=mmt_slurm`` (``cluster=slurm``): one SLURM job of N nodes x M tasks per sweep job."""
+    """``hydra/launcher=mmt_slurm`` (``cluster=slurm``): one SLURM job of N nodes per sweep job."""
 
     BACKEND = "slurm"
-
-    def make_backend(self, launcher_cfg: DictConfig) -> Any:
-        from ._slurm import SlurmBackend
-
-        return SlurmBackend.from_config(launcher_cfg)

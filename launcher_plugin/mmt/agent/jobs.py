@@ -1,0 +1,124 @@
+"""The processes of one job on one agent: fail fast, stop within the grace, leave nothing behind.
+
+The same rules on every backend (the local host agent runs every node of a job; a SLURM node agent runs one):
+
+* the first process that fails (exits non-zero or is killed, not by us) stops its siblings at once;
+* stopping is SIGTERM to every process group, SIGKILL after ``kill_grace_s``;
+* when the last process has exited, whatever the job left running (a background child, a daemon in a session of
+  its own) is found by the ``MMT_JOB_ID`` it inherited and stopped the same way, so the job is only over when every
+  process it started is gone.
+
+Every exit is recorded in the job's attempt dir (``exit.<i>.json``): that is how a failure on another node is
+attributed, and how a process killed outright (SIGKILL, the OOM killer) is told from one mmt stopped.
+"""
+
+import signal
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from mmt import proctree
+from mmt.jobdir import Attempt
+from mmt.rank_env import MMT_JOB_ID, NODE_RANK
+
+
+@dataclass
+class Process:
+    index: int
+    pid: int
+    code: Optional[int] = None  # exit code once it exited; negative: killed by that signal
+    stopped: bool = False  # mmt signalled it before it exited
+
+
+class JobProcesses:
+    def __init__(self, job_id: str, attempt: Attempt, kill_grace_s: float, node_rank: Optional[int] = None) -> None:
+        self.job_id, self.attempt, self.kill_grace_s = job_id, attempt, kill_grace_s
+        # the tags every process of this job (on this node, for a SLURM node agent) inherits
+        self.tags = {MMT_JOB_ID: job_id} if node_rank is None else {MMT_JOB_ID: job_id, NODE_RANK: str(node_rank)}
+        self.by_pid: Dict[int, Process] = {}
+        self.stopping_since: Optional[float] = None
+        self.killed = False
+        self.first_failure: Optional[Process] = None
+        self._sweep_deadline: Optional[float] = None
+        self.ended = False
+
+    # --------------------------------------------------------------------------------------------- events
+
+    def started(self, index: int, pid: int) -> None:
+        process = Process(index=index, pid=pid)
+        self.by_pid[pid] = process
+        if self.stopping_since is not None:  # stopped before this one even started
+            process.stopped = True
+            proctree.signal_group(pid, signal.SIGKILL if self.killed else signal.SIGTERM)
+
+    def exited(self, pid: int, code: int) -> Optional[Process]:
+        """Record an exit; returns the process (None when the pid is not one of ours)."""
+        process = self.by_pid.get(pid)
+        if process is None:
+            return None
+        process.code = code
+        try:
+            self.attempt.write_exit(process.index, code, process.stopped)
+        except OSError:  # a full disk must not stop supervision; the exit is still reported live
+            pass
+        if code != 0 and not process.stopped and self.first_failure is None and self.stopping_since is None:
+            self.first_failure = process
+            self.stop()
+        return process
+
+    def stop(self) -> None:
+        if self.stopping_since is not None:
+            return
+        self.stopping_since = time.monotonic()
+        for process in self.running:
+            process.stopped = True
+            proctree.signal_group(process.pid, signal.SIGTERM)
+        # processes that left the group (setsid) hear it now too, not after the ranks are gone
+        proctree.signal_all(proctree.tagged(self.tags, exclude=self.by_pid), signal.SIGTERM)
+
+    def tick(self) -> None:
+        """Escalate to SIGKILL after the grace; once every process exited, sweep what the job left behind."""
+        now = time.monotonic()
+        if self.stopping_since is not None and not self.killed and now - self.stopping_since >= self.kill_grace_s:
+            self.killed = True
+            for process in self.running:
+                proctree.signal_group(process.pid, signal.SIGKILL)
+            proctree.signal_all(proctree.tagged(self.tags, exclude=self.by_pid), signal.SIGKILL)
+        if self.ended or self.running:
+            return
+        # every process exited: what it left behind (in its group, or anywhere with the job's tags) goes too
+        groups = [p.pid for p in self.by_pid.values() if proctree.group_alive(p.pid)]
+        left = proctree.tagged(self.tags)
+        if not groups and not left:
+            self.ended = True
+            return
+        if self._sweep_deadline is None:
+            grace = self.kill_grace_s if self.stopping_since is None else \
+                max(0.0, self.stopping_since + self.kill_grace_s - now)
+            self._sweep_deadline = now + grace
+            sig = signal.SIGTERM
+        elif now >= self._sweep_deadline:
+            sig = signal.SIGKILL
+        else:
+            return
+        for pgid in groups:
+            proctree.signal_group(pgid, sig)
+        proctree.signal_all(left, sig)
+
+    # --------------------------------------------------------------------------------------------- facts
+
+    @property
+    def running(self) -> List[Process]:
+        return [p for p in self.by_pid.values() if p.code is None]
+
+    @property
+    def succeeded(self) -> bool:
+        return self.ended and bool(self.by_pid) and all(p.code == 0 for p in self.by_pid.values())
+
+    def kill_now(self) -> None:
+        """SIGKILL everything at once (the agent is going away)."""
+        self.stopping_since = self.stopping_since or time.monotonic()
+        self.killed = True
+        for process in self.by_pid.values():
+            proctree.signal_group(process.pid, signal.SIGKILL)
+        proctree.signal_all(proctree.tagged(self.tags), signal.SIGKILL)

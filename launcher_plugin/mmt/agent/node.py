@@ -1,0 +1,88 @@
+"""The node agent of a cluster job (SLURM: the one task of each node): runs that node's processes of one job.
+
+It follows the same rules as the local host agent (``mmt.agent.jobs``): it imports the recipe's ``preload`` once
+and forks the node's ranks, each with the rank contract; the first rank that fails stops its siblings and the
+agent exits non-zero, which ``srun --kill-on-bad-exit`` turns into the end of the other nodes. SIGTERM (scancel,
+the time limit) stops the ranks within the grace; the requeue signal is forwarded to every rank, whose
+``mmt.preemption`` handler takes it.
+"""
+
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Tuple
+
+from mmt import preemption, proctree
+from mmt.agent.jobs import JobProcesses
+from mmt.agent.metrics import JobMetrics
+from mmt.agent.processes import ProcessSpec, Spawner
+from mmt.jobdir import Attempt
+
+_TICK_S = 0.05
+
+
+@dataclass(frozen=True)
+class NodeRun:
+    job_id: str
+    node_rank: int
+    job_dir: str
+    attempt_dir: str
+    kill_grace_s: float
+    preload: Tuple[str, ...]
+    method: str
+    processes: Tuple[ProcessSpec, ...]
+    metrics_interval_s: float = 0.0
+
+
+def run(node: NodeRun) -> int:
+    """Run the node's processes until every one (and whatever they left) is gone; 0 when all succeeded."""
+    attempt = Attempt(Path(node.attempt_dir))
+    job = JobProcesses(node.job_id, attempt, node.kill_grace_s, node_rank=node.node_rank)
+    spawner = Spawner(node.method)
+    terminated: dict = {}
+    proctree.become_subreaper()
+
+    def on_terminate(signum: int, _frame: object) -> None:
+        if not terminated:
+            terminated.update(terminated_by=signal.Signals(signum).name, terminated_at=time.time())
+            attempt.write_agent(node.node_rank, {**record, **terminated})
+        job.stop()
+
+    def on_requeue(signum: int, _frame: object) -> None:
+        for process in job.running:
+            proctree.signal_all([process.pid], signum)
+
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    attempt.write_agent(node.node_rank, record)
+    signal.signal(signal.SIGTERM, on_terminate)
+    signal.signal(signal.SIGINT, on_terminate)
+    signal.signal(preemption.REQUEUE_SIGNAL, on_requeue)
+    spawner.preload(node.preload)
+    for spec in node.processes:
+        if terminated:  # stopped before its ranks started: start none
+            break
+        job.started(spec.index, spawner.start(spec))
+    metrics = JobMetrics(node.job_dir, node.processes, node.metrics_interval_s)
+    while not job.ended:
+        _reap(job)
+        metrics.sample(job)
+        job.tick()
+        if not job.ended:
+            time.sleep(_TICK_S)
+    code = 0 if job.succeeded else 1
+    attempt.write_agent(node.node_rank, {**record, **terminated, "ended": time.time(), "code": code})
+    return code
+
+
+def _reap(job: JobProcesses) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        job.exited(pid, os.waitstatus_to_exitcode(status))  # None for an adopted orphan: just reaped

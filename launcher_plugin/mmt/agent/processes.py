@@ -1,0 +1,102 @@
+"""Starting one process of a job on this node: forked from the agent's warm interpreter, or a fresh one.
+
+Why fork: ``import torch`` (and ``lightning``) costs seconds of CPU per process. The agent imports the job's
+``preload`` once and forks each rank from that interpreter (the standard library's forkserver idea), so a node pays
+the import once instead of once per rank. The agent never touches CUDA, so forking stays safe; it runs no threads.
+``start_method=spawn`` execs a fresh interpreter per rank instead, for code that is not fork-safe.
+
+Every process runs in a session of its own (its own process group, immune to the terminal's Ctrl-C), dies with the
+agent (parent-death signal), and writes its stdout and stderr to its log file in the job dir.
+"""
+
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Dict, Iterable, Set
+
+from mmt import proctree
+
+# what every worker imports anyway, so a forked rank finds it loaded (cheap next to torch)
+WORKER_MODULES = ("omegaconf", "cloudpickle", "hydra.core.utils", "mmt.worker.main")
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process of a job: which, with what environment, where."""
+
+    job_id: str
+    index: int
+    node_rank: int
+    attempt_dir: str
+    env: Dict[str, str]
+    cwd: str
+    log: str
+
+
+class Spawner:
+    """Starts processes; remembers what it has imported, so each module is imported once per agent."""
+
+    def __init__(self, method: str) -> None:
+        assert method in ("fork", "spawn"), method
+        self.method = method
+        self.imported: Set[str] = set()
+
+    def preload(self, modules: Iterable[str]) -> None:
+        if self.method != "fork":
+            return
+        for name in (*WORKER_MODULES, *modules):
+            if name in self.imported:
+                continue
+            self.imported.add(name)
+            try:
+                __import__(name)
+            except Exception as exc:  # the rank imports it itself and reports a real error
+                print(f"[mmt agent] could not preload {name}: {exc}", file=sys.stderr, flush=True)
+
+    def start(self, spec: ProcessSpec) -> int:
+        pid = os.fork()
+        if pid == 0:  # child: never returns
+            _become_process(spec, self.method)
+        return pid
+
+
+def _become_process(spec: ProcessSpec, method: str) -> None:
+    code = 70
+    try:
+        os.setsid()  # own process group: stop it as a whole, immune to the terminal's Ctrl-C
+        proctree.set_parent_death_signal(signal.SIGKILL)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_DFL)
+        log = os.open(spec.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.closerange(3, 1 << 16)  # the agent's socket, pipes and locks are not the rank's business
+        os.chdir(spec.cwd)
+        os.environ.clear()
+        os.environ.update(spec.env)
+        args = [spec.attempt_dir, str(spec.index)]
+        if method == "spawn":
+            os.execve(sys.executable, [sys.executable, "-u", "-m", "mmt.worker.main", *args], spec.env)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # line-buffered: the console follows the log
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        from mmt.worker import after_fork, main
+
+        after_fork.reset()
+        code = main.main(args)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 71
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)

@@ -1,0 +1,169 @@
+"""The local host agent: one process per launcher that forks the ranks of every local job, for as long as the
+launcher lives (every batch a sweeper hands it), so torch is imported once per launcher, not once per batch.
+
+It is also the clean-up guarantee: it adopts orphaned descendants (a child subreaper), and when the launcher goes
+away for any reason (normal exit, Ctrl-C, SIGKILL) it sees its socket close, or gets SIGTERM from the kernel
+(parent-death signal), and kills every process of every job before it exits.
+
+``python -m mmt.agent.server <socket fd> <launcher pid>``, started by :class:`mmt.agent.client.AgentClient`.
+"""
+
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from mmt import proctree
+from mmt.agent import protocol
+from mmt.agent.jobs import JobProcesses
+from mmt.agent.metrics import JobMetrics
+from mmt.agent.processes import ProcessSpec, Spawner
+from mmt.jobdir import Attempt
+
+_TICK_S = 0.05
+
+
+@dataclass(frozen=True)
+class StartJob:
+    """Start these processes of one job (every node of a local job)."""
+
+    job_id: str
+    job_dir: str
+    attempt_dir: str
+    kill_grace_s: float
+    preload: Tuple[str, ...]
+    processes: Tuple[ProcessSpec, ...]
+    metrics_interval_s: float = 0.0
+
+
+class HostAgent:
+    def __init__(self, sock: socket.socket, method: str) -> None:
+        self.sock = sock
+        self.spawner = Spawner(method)
+        self.jobs: Dict[str, JobProcesses] = {}
+        self.metrics: Dict[str, JobMetrics] = {}
+        self.pid_to_job: Dict[int, str] = {}
+
+    def serve(self) -> None:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: self.shutdown())
+        selector = selectors.DefaultSelector()
+        selector.register(self.sock, selectors.EVENT_READ)
+        selector.register(wake_r, selectors.EVENT_READ)
+        while True:
+            busy = any(not job.ended for job in self.jobs.values())
+            for key, _ in selector.select(timeout=self._timeout() if busy else 1.0):
+                if key.fileobj is self.sock:
+                    message = protocol.recv(self.sock)
+                    if message is None:
+                        self.shutdown()
+                    self.handle(message)
+                else:
+                    os.read(wake_r, 4096)
+            self.reap()
+            for job in list(self.jobs.values()):
+                self.metrics[job.job_id].sample(job)
+                self.supervise(job)
+
+    def _timeout(self) -> float:
+        dues = [m.next_due() for m in self.metrics.values()]
+        soonest = min((d for d in dues if d is not None), default=None)
+        return _TICK_S if soonest is None else max(0.0, min(_TICK_S, soonest - time.monotonic()))
+
+    def handle(self, message: dict) -> None:
+        if message["op"] == "start":
+            self.start(message["job"])
+        elif message["op"] == "stop" and message["job_id"] in self.jobs:
+            self.jobs[message["job_id"]].stop()
+        elif message["op"] == "kill" and message["job_id"] in self.jobs:
+            self.jobs[message["job_id"]].kill_now()
+
+    def start(self, request: StartJob) -> None:
+        job = JobProcesses(request.job_id, Attempt(Path(request.attempt_dir)), request.kill_grace_s)
+        self.jobs[request.job_id] = job
+        self.metrics[request.job_id] = JobMetrics(request.job_dir, request.processes, request.metrics_interval_s)
+        self.spawner.preload(request.preload)
+        for spec in request.processes:
+            pid = self.spawner.start(spec)
+            self.pid_to_job[pid] = request.job_id
+            job.started(spec.index, pid)
+            self.send({"op": "started", "job_id": request.job_id, "index": spec.index, "pid": pid})
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            job_id = self.pid_to_job.pop(pid, None)
+            if job_id is None:
+                continue  # an adopted orphan: reaped so it does not linger as a zombie
+            job = self.jobs[job_id]
+            process = job.exited(pid, os.waitstatus_to_exitcode(status))
+            assert process is not None
+            self.send({"op": "exited", "job_id": job_id, "index": process.index, "code": process.code,
+                       "stopped": process.stopped})
+
+    def supervise(self, job: JobProcesses) -> None:
+        job.tick()
+        if job.ended:
+            del self.jobs[job.job_id]
+            del self.metrics[job.job_id]
+            self.send({"op": "ended", "job_id": job.job_id})
+
+    def send(self, message: dict) -> None:
+        try:
+            protocol.send(self.sock, message)
+        except OSError:  # the launcher is gone
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Kill every process of every job (SIGTERM, then SIGKILL) and exit."""
+        for job in self.jobs.values():
+            job.stop()
+        deadline = time.monotonic() + max([j.kill_grace_s for j in self.jobs.values()] + [0.0]) + 1.0
+        while any(job.running for job in self.jobs.values()) and time.monotonic() < deadline:
+            self.reap_quietly()
+            time.sleep(0.02)
+        for job in self.jobs.values():
+            job.kill_now()
+        self.reap_quietly()
+        os._exit(0)
+
+    def reap_quietly(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            job_id = self.pid_to_job.pop(pid, None)
+            if job_id is not None:
+                self.jobs[job_id].exited(pid, os.waitstatus_to_exitcode(status))
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    fd, parent, method = (argv or sys.argv[1:])[:3]
+    # Ctrl-C goes to the launcher, which stops the jobs; SIGTERM when the launcher dies means "clean up"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    proctree.set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != int(parent):  # the launcher died before the death signal was armed
+        return
+    proctree.become_subreaper()
+    HostAgent(socket.socket(fileno=int(fd)), method).serve()
+
+
+if __name__ == "__main__":
+    main()

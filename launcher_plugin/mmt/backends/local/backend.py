@@ -1,0 +1,269 @@
+"""The local backend: every job runs as N simulated nodes x M processes on this host.
+
+Each simulated node is a set of processes with its own NODE_RANK (and its own slice of GPUs when the host has
+them); all nodes share the host's loopback, MASTER_ADDR is 127.0.0.1 and every job gets its own reserved port.
+Jobs run side by side under ``max_parallel_ranks``. One host agent (``mmt.agent.server``), started with the first
+job and kept for as long as the backend lives, forks every process; it stops a job's processes when one fails.
+This module keeps the queue, the time limits and the GPUs, and turns what the agent reports into job states.
+"""
+
+import os
+import select
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Deque, Dict, List, Optional
+
+from mmt import proctree
+from mmt.agent.client import AgentClient, AgentGone
+from mmt.agent.processes import ProcessSpec
+from mmt.agent.server import StartJob
+from mmt.backends.base import Backend, JobHandle, JobOutcome, JobState, JobStatus, Submission
+from mmt.backends.local.host import PortReservations, cpu_cores, visible_gpus
+from mmt.errors import ConfigError
+from mmt.jobdir import JobDir
+from mmt.launching.outcome import first_failure, running_detail
+from mmt.planning import validate as check
+from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
+from mmt.planning.plan import JobPlan, Limits
+from mmt.rank_env import MMT_JOB_ID
+
+# one host runs every process of a local job; beyond this a sweep of "nodes" is a fork bomb, not a simulation
+MAX_LOCAL_PROCESSES = 1024
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    """The launcher-wide settings of the local backend (``hydra.launcher.*``), validated."""
+
+    max_parallel_ranks: int
+    master_addr: str
+    start_method: str
+    kill_grace_s: float
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "LocalSettings":
+        limit = cfg.max_parallel_ranks
+        return cls(
+            max_parallel_ranks=max(4, cpu_cores()) if limit is None else check.whole_number(
+                "hydra.launcher.max_parallel_ranks", limit, 1, "e.g. hydra.launcher.max_parallel_ranks=8"),
+            master_addr=check.host_address("hydra.launcher.master_addr", cfg.master_addr),
+            start_method=check.choice("hydra.launcher.start_method", cfg.start_method, ("fork", "spawn")),
+            kill_grace_s=check.positive_number("hydra.launcher.kill_grace_s", cfg.kill_grace_s,
+                                               "seconds between SIGTERM and SIGKILL, e.g. 1", maximum=3600),
+        )
+
+
+@dataclass
+class LocalJob(JobHandle):
+    submission: Submission
+    state: JobState = JobState.PENDING
+    started: Optional[float] = None
+    deadline: float = 0.0
+    port: Optional[int] = None
+    gpus: List[str] = field(default_factory=list)
+    pids: Dict[int, int] = field(default_factory=dict)  # process index -> pid
+    running: set = field(default_factory=set)  # process indices not exited yet
+    last_exit: Optional[float] = None
+    failed_first: bool = False  # a process failed by itself before mmt stopped anything
+    stop_status: Optional[JobState] = None  # why mmt is stopping it: TIMEOUT or INTERRUPTED
+    stop_detail: str = ""
+    stop_sent: Optional[float] = None
+    outcome: Optional[JobOutcome] = None
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, settings: LocalSettings) -> None:
+        self.settings = settings
+        self.ports = PortReservations(settings.master_addr)
+        self.host_gpus = visible_gpus()
+        self.free_gpus = list(self.host_gpus)
+        self.python = PythonEnvironment.current()
+        self.agent: Optional[AgentClient] = None
+        self.queue: Deque[LocalJob] = deque()
+        self.jobs: Dict[str, LocalJob] = {}  # running, by job id
+
+    # ------------------------------------------------------------------------------------------ planning
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(max_nodes=MAX_LOCAL_PROCESSES, max_devices=MAX_LOCAL_PROCESSES, max_world=MAX_LOCAL_PROCESSES,
+                      why="cluster=local runs every process of a job on this host")
+
+    def problems(self, plan: JobPlan) -> List[ConfigError]:
+        found = []
+        if plan.image is not None:
+            found.append(ConfigError(
+                "image", plan.image, "cluster=local runs every node in this host's Python environment and uses "
+                "no container runtime", "drop image=... to run here, or submit with cluster=slurm, which runs "
+                "images through pyxis or apptainer"))
+        needed = plan.world_size if plan.machine.gpus else 0
+        if needed > len(self.host_gpus):
+            found.append(ConfigError(
+                "machine", plan.machine.name, f"{plan.num_nodes} nodes x {plan.devices} GPUs need {needed} GPUs "
+                f"on this host (cluster=local) but it has {len(self.host_gpus)}",
+                "simulate on CPU with machine=cpu, use fewer nodes/devices, or cluster=slurm"))
+        return found
+
+    def describe(self, plan: JobPlan) -> List[str]:
+        lines = [f"  backend    local: {plan.num_nodes:,} simulated nodes on this host, MASTER_ADDR="
+                 f"{self.settings.master_addr}, start_method={self.settings.start_method}"]
+        return lines + [f"  WARNING    {problem}" for problem in self.problems(plan)]
+
+    # ------------------------------------------------------------------------------------------ the interface
+
+    def submit(self, submission: Submission) -> LocalJob:
+        job = LocalJob(submission=submission)
+        self.queue.append(job)
+        self._schedule()
+        return job
+
+    def poll(self, handle: JobHandle) -> JobStatus:
+        assert isinstance(handle, LocalJob)
+        return JobStatus(state=handle.state, outcome=handle.outcome)
+
+    def cancel(self, handle: JobHandle, reason: str) -> None:
+        assert isinstance(handle, LocalJob)
+        if handle.state == JobState.PENDING:
+            self.queue.remove(handle)
+            self._conclude(handle, JobOutcome(JobState.INTERRUPTED, None, detail=f"not started: {reason}"))
+        elif not handle.state.final:
+            self._stop(handle, JobState.INTERRUPTED, f"stopped: {reason}")
+
+    def kill(self, handle: JobHandle) -> None:
+        """SIGKILL the job's processes now (a second Ctrl-C)."""
+        assert isinstance(handle, LocalJob)
+        if self.agent is not None and handle.plan.job_id in self.jobs:
+            self.agent.kill(handle.plan.job_id)
+
+    def wait(self, timeout_s: float) -> None:
+        self._schedule()
+        if self.agent is None:
+            time.sleep(timeout_s)
+        else:
+            try:
+                if select.select([self.agent.fileno()], [], [], timeout_s)[0]:
+                    for message in self.agent.pending():
+                        self._receive(message)
+            except AgentGone as gone:
+                self._agent_died(str(gone))
+        now = time.monotonic()
+        for job in list(self.jobs.values()):
+            if job.stop_status is None and now >= job.deadline:
+                self._stop(job, JobState.TIMEOUT, running_detail(job.plan, sorted(job.running)))
+        self._schedule()
+
+    def close(self) -> None:
+        if self.agent is not None:
+            self.agent.close()  # the agent kills whatever is left
+            self.agent = None
+        self.ports.release_all()
+
+    # ------------------------------------------------------------------------------------------ scheduling
+
+    def _fits(self, plan: JobPlan) -> bool:
+        if plan.machine.gpus and len(self.free_gpus) < plan.world_size:
+            return False
+        busy = sum(job.plan.world_size for job in self.jobs.values())
+        return not self.jobs or busy + plan.world_size <= self.settings.max_parallel_ranks
+
+    def _schedule(self) -> None:
+        while self.queue and self._fits(self.queue[0].plan):
+            self._start(self.queue.popleft())
+
+    def _start(self, job: LocalJob) -> None:
+        plan = job.plan
+        if self.agent is None:
+            self.agent = AgentClient(self.settings.start_method)
+        job.gpus = [self.free_gpus.pop(0) for _ in range(plan.world_size)] if plan.machine.gpus else []
+        job.port = self.ports.reserve()
+        job_dir = JobDir(Path(plan.job_dir))
+        job_dir.logs.mkdir(parents=True, exist_ok=True)
+        rendezvous = Rendezvous(self.settings.master_addr, job.port)
+        cores_per_node = max(1, cpu_cores() // plan.num_nodes)  # simulated nodes share this host's cores
+        specs = []
+        for index, place in enumerate(plan.places()):
+            env = process_env(plan, place, rendezvous=rendezvous, inherited=os.environ,
+                              copied=job.submission.copied_env, cores_per_node=cores_per_node, python=self.python)
+            if job.gpus:  # node n sees its own devices; LOCAL_RANK indexes into them
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus[place.node_rank * plan.devices:][:plan.devices])
+            elif self.host_gpus:
+                env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU job on a GPU host keeps its hands off the GPUs
+            specs.append(ProcessSpec(job_id=plan.job_id, index=index, node_rank=place.node_rank,
+                                     attempt_dir=str(job.attempt.dir), env=env, cwd=os.getcwd(),
+                                     log=str(job_dir.log(place.node_rank, place.rank, plan.per_node))))
+        job.started = time.monotonic()
+        job.deadline = job.started + plan.timeout_s
+        job.state = JobState.RUNNING
+        job.running = set(range(len(specs)))
+        self.jobs[plan.job_id] = job
+        self.agent.start(StartJob(job_id=plan.job_id, job_dir=plan.job_dir, attempt_dir=str(job.attempt.dir),
+                                  kill_grace_s=self.settings.kill_grace_s, preload=plan.preload,
+                                  processes=tuple(specs), metrics_interval_s=plan.metrics_interval_s))
+
+    def _stop(self, job: LocalJob, status: JobState, detail: str) -> None:
+        if job.stop_sent is not None:
+            return
+        job.stop_status, job.stop_detail, job.stop_sent = status, detail, time.monotonic()
+        job.state = JobState.STOPPING
+        if self.agent is not None:
+            self.agent.stop(job.plan.job_id)
+
+    # ------------------------------------------------------------------------------------------ the agent's news
+
+    def _receive(self, message: Dict[str, Any]) -> None:
+        job = self.jobs.get(message["job_id"])
+        if job is None:
+            return
+        if message["op"] == "started":
+            job.pids[message["index"]] = message["pid"]
+        elif message["op"] == "exited":
+            job.running.discard(message["index"])
+            job.last_exit = time.monotonic()
+            if message["code"] != 0 and not message["stopped"] and job.stop_sent is None:
+                job.failed_first = True  # the agent stops the others itself
+                job.stop_sent, job.state = job.last_exit, JobState.STOPPING
+        elif message["op"] == "ended":
+            self._finish(job)
+
+    def _finish(self, job: LocalJob) -> None:
+        del self.jobs[job.plan.job_id]
+        plan = job.plan
+        ended = time.monotonic()
+        outcome = JobOutcome(status=JobState.COMPLETED, duration_s=ended - (job.started or ended))
+        if job.stop_sent is not None:  # how long the processes took to go once stopping began
+            outcome.stop_latency_s = max(0.0, (job.last_exit or ended) - job.stop_sent)
+        failure = first_failure(plan, job.attempt)
+        if job.failed_first or (failure is not None and job.stop_status is None):
+            outcome.status, outcome.failure = JobState.FAILED, failure
+            if failure is None:
+                outcome.detail = "a process failed but left no record"
+        elif job.stop_status is not None:
+            outcome.status, outcome.detail = job.stop_status, job.stop_detail
+        self._conclude(job, outcome)
+
+    def _conclude(self, job: LocalJob, outcome: JobOutcome) -> None:
+        if job.port is not None:
+            self.ports.release(job.port)
+        self.free_gpus.extend(job.gpus)
+        job.gpus = []
+        job.state, job.outcome = outcome.status, outcome
+
+    def _agent_died(self, why: str) -> None:
+        """The agent was killed (the OOM killer, kill -9): its ranks died with it (parent-death signal); what they
+        left is found by the job's tag. Every running job fails, saying so; queued jobs get a new agent."""
+        agent, self.agent = self.agent, None
+        if agent is not None:
+            agent.close(timeout_s=1)
+        for job in list(self.jobs.values()):
+            proctree.stop_tagged({MMT_JOB_ID: job.plan.job_id}, self.settings.kill_grace_s)
+            del self.jobs[job.plan.job_id]
+            ended = time.monotonic()
+            status = job.stop_status if job.stop_status is not None else JobState.FAILED
+            detail = job.stop_detail if job.stop_status is not None else f"{why}; its processes were stopped"
+            self._conclude(job, JobOutcome(status, ended - (job.started or ended), detail=detail,
+                                           failure=first_failure(job.plan, job.attempt)
+                                           if status == JobState.FAILED else None))

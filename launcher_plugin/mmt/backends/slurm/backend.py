@@ -1,0 +1,199 @@
+"""The SLURM backend: each mmt job becomes one SLURM job of N nodes, submitted through submitit.
+
+Submitting returns at once; polling reads the job's attempt dir on the shared filesystem (every call: a job whose
+processes have all reported success is done without waiting for SLURM's epilog) and asks SLURM itself every
+``poll_interval_s`` (``queue``). A job cancelled, killed or timed out outside is reported as such, never waited on.
+"""
+
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+from mmt.backends.base import Backend, JobHandle, JobOutcome, JobState, JobStatus, Submission
+from mmt.backends.slurm import queue
+from mmt.backends.slurm.conclusion import conclude
+from mmt.backends.slurm.sbatch import SlurmSettings, python_command, render_script, sbatch_parameters, tasks_per_node
+from mmt.backends.slurm.task import SlurmTask
+from mmt.errors import ConfigError
+from mmt.jobdir import Attempt, make_private_dir
+from mmt.launching.outcome import all_succeeded
+from mmt.planning.plan import JobPlan, Limits
+
+_TOOLS = ("sbatch", "squeue", "scancel", "scontrol")
+
+
+@dataclass
+class SlurmJob(JobHandle):
+    submission: Submission
+    job_id: str
+    stderr: Path
+    submitted: float
+    state: JobState = JobState.PENDING
+    started: Optional[float] = None
+    restarts: int = 0
+    stopped_because: Optional[str] = None
+    final_state: Optional[str] = None
+    outcome: Optional[JobOutcome] = None
+
+
+def job_name(plan: JobPlan) -> str:
+    return f"mmt-{plan.name}"
+
+
+@contextmanager
+def _private_files() -> Iterator[None]:
+    """submitit's pickles hold the job's config and copied secrets: created readable by the owner only."""
+    previous = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+    survives_launcher = True
+
+    def __init__(self, settings: SlurmSettings, *, kill_grace_s: float, start_method: str) -> None:
+        self.settings = settings
+        self.kill_grace_s, self.start_method = kill_grace_s, start_method
+        self.project_dir = os.getcwd()
+        self._states: Dict[str, queue.JobState] = {}
+        self._next_query = 0.0
+        self._accounting: Optional[bool] = None
+        self._notices: List[str] = []
+        self._watched: List[SlurmJob] = []
+
+    # ------------------------------------------------------------------------------------------ planning
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(max_nodes=100_000, max_devices=1_024, max_world=10_000_000,
+                      why="mmt's bound for one SLURM job; sbatch refuses what the cluster cannot run")
+
+    def problems(self, plan: JobPlan) -> List[ConfigError]:
+        missing = [tool for tool in _TOOLS if shutil.which(tool) is None]
+        if not missing:
+            return []
+        return [ConfigError("cluster", "slurm", f"SLURM's commands are not on PATH ({', '.join(missing)} missing)",
+                            "run on a SLURM login node, or start the local test cluster: "
+                            "scripts/slurm_cluster.sh start && eval \"$(scripts/slurm_cluster.sh env)\"")]
+
+    def describe(self, plan: JobPlan) -> List[str]:
+        attempt = Attempt(Path(plan.job_dir) / ".mmt" / "attempts" / "<attempt>")
+        script = render_script(plan, self.settings, self.project_dir, job_name(plan), attempt)
+        srun = next(line for line in script.splitlines() if line.startswith("srun "))
+        layout = ("one task per node: the node agent forks the node's ranks" if self.settings.agent_per_node
+                  else "one task per rank")
+        lines = [f"  backend    slurm: {tasks_per_node(plan, self.settings)} task(s) per node ({layout}); "
+                 "MASTER_ADDR=<first node of the allocation>, MASTER_PORT=20000 + job id % 20000",
+                 f"  srun       {srun}", "  sbatch script:"]
+        lines += [f"    | {line}" for line in script.rstrip().splitlines()]
+        return lines + [f"  WARNING    {problem}" for problem in self.problems(plan)]
+
+    def owner_active(self, owner: Dict[str, Any]) -> bool:
+        job_id = owner.get("scheduler_id")
+        return bool(job_id) and queue.is_active(str(job_id)) is not False
+
+    # ------------------------------------------------------------------------------------------ the interface
+
+    def submit(self, submission: Submission) -> SlurmJob:
+        import submitit  # lazy: only cluster=slurm needs it
+
+        plan = submission.plan
+        folder = Path(self.settings.folder.split("%j")[0])
+        make_private_dir(folder)
+        executor = submitit.SlurmExecutor(folder=self.settings.folder, max_num_timeout=0,
+                                          python=python_command(plan, self.settings, self.project_dir))
+        executor.update_parameters(**sbatch_parameters(plan, self.settings, self.project_dir, job_name(plan),
+                                                       submission.attempt))
+        task = SlurmTask(plan=plan, attempt_dir=str(submission.attempt.dir),
+                         per_node_tasks=self.settings.agent_per_node, kill_grace_s=self.kill_grace_s,
+                         start_method=self.start_method, max_requeues=self.settings.max_requeues,
+                         copied_env=dict(submission.copied_env))
+        with _private_files():
+            submitted = executor.submit(task)
+        job = SlurmJob(submission=submission, job_id=str(submitted.job_id),
+                       stderr=Path(str(submitted.paths.stderr).replace("%t", "0")), submitted=time.monotonic())
+        self._watched.append(job)
+        self._notices.append(f"mmt: job {plan.num} ({plan.name}) submitted as SLURM job {job.job_id} "
+                             f"({plan.num_nodes} nodes x {tasks_per_node(plan, self.settings)} tasks); sbatch script "
+                             f"and task logs: {submitted.paths.folder}")
+        return job
+
+    def attach(self, plan: JobPlan, attempt: Attempt, scheduler_id: str, stderr: Optional[Path] = None) -> SlurmJob:
+        """A job another process submitted, watched from here (``mmt wait``)."""
+        job = SlurmJob(submission=Submission(plan=plan, attempt=attempt), job_id=scheduler_id,
+                       stderr=stderr or Path("/nonexistent"), submitted=time.monotonic())
+        self._watched.append(job)
+        self._next_query = 0.0
+        return job
+
+    def poll(self, handle: JobHandle) -> JobStatus:
+        assert isinstance(handle, SlurmJob)
+        if handle.outcome is None:
+            self._update(handle)
+        return JobStatus(state=handle.state, scheduler_id=handle.job_id, outcome=handle.outcome)
+
+    def cancel(self, handle: JobHandle, reason: str) -> None:
+        assert isinstance(handle, SlurmJob)
+        if handle.outcome is None and handle.stopped_because is None:
+            handle.stopped_because = reason
+            handle.state = JobState.STOPPING
+            queue.cancel([handle.job_id])
+            self._next_query = 0.0
+
+    def kill(self, handle: JobHandle) -> None:
+        assert isinstance(handle, SlurmJob)
+        if handle.outcome is None:
+            queue.cancel([handle.job_id], signal_name="KILL")
+
+    def wait(self, timeout_s: float) -> None:
+        time.sleep(min(timeout_s, 0.1))
+        if time.monotonic() >= self._next_query:
+            self._query()
+
+    def drain_notices(self) -> List[str]:
+        notices, self._notices = self._notices, []
+        return notices
+
+    # ------------------------------------------------------------------------------------------ watching
+
+    def _query(self) -> None:
+        if self._accounting is None:
+            self._accounting = queue.accounting_available()
+        ids = [job.job_id for job in self._watched if job.outcome is None]
+        self._states.update(queue.job_states(ids, accounting=self._accounting))
+        self._next_query = time.monotonic() + self.settings.poll_interval_s
+
+    def _update(self, job: SlurmJob) -> None:
+        now = time.monotonic()
+        state = self._states.get(job.job_id)
+        if state is not None:
+            if state.state == "RUNNING" and job.started is None:
+                job.started = now
+                if job.state == JobState.PENDING:
+                    job.state = JobState.RUNNING
+            if state.restarts > job.restarts:
+                job.restarts = state.restarts
+                self._notices.append(f"mmt: job {job.plan.num} (SLURM {job.job_id}) was requeued (restart "
+                                     f"{state.restarts}); it resumes in {job.plan.job_dir}")
+        if all_succeeded(job.plan, job.attempt):
+            # done: SLURM still runs the job's epilog for a second or more, nothing that changes the result
+            self._conclude(job, JobOutcome(JobState.COMPLETED, now - (job.started or job.submitted),
+                                           scheduler_id=job.job_id))
+            return
+        if state is None or not state.final:
+            return
+        job.final_state = state.state
+        self._conclude(job, conclude(job.plan, job.attempt, scheduler_id=job.job_id,
+                                     duration_s=now - (job.started or job.submitted), slurm_state=job.final_state,
+                                     stopped_because=job.stopped_because, stderr=job.stderr))
+
+    def _conclude(self, job: SlurmJob, outcome: JobOutcome) -> None:
+        job.outcome, job.state = outcome, outcome.status
+        self._watched.remove(job)

@@ -1,0 +1,62 @@
+"""The last step of an mmt SLURM job, inside the allocation: conclude the job and write its ``result.json``.
+
+Run by the batch script's EXIT trap (``mmt.backends.slurm.sbatch.finalize_line``) however the script ends: the
+tasks' end, scancel, the time limit. So a detached job, or one whose launcher lost its terminal or was killed, still
+says how it ended. A launcher that watches concludes it too, later, with what SLURM's accounting adds.
+
+    python -m mmt.backends.slurm.finalize <attempt dir> <srun's exit status> [<time the script got SIGTERM>]
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+from mmt.backends.slurm.conclusion import conclude
+from mmt.backends.slurm.sbatch import STARTED_VAR
+from mmt.jobdir import Attempt, read_json
+from mmt.launching.outcome import read_primary_return, result_record, write_result
+from mmt.launching.payload import discard_payload, read_plan
+
+
+def _stderr() -> Optional[Path]:
+    """The batch script's stderr, where srun reports dead tasks (per-rank tasks)."""
+    try:
+        return Path(os.readlink("/proc/self/fd/2"))
+    except OSError:
+        return None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    attempt = Attempt(Path(args[0]))
+    if not attempt.plan.exists():
+        return 0  # concluded and cleaned up already
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    if attempt.requeued_file(restarts).exists():
+        return 0  # requeued: the next run of the job concludes it
+    owner = read_json(attempt.job_dir.owner) or {}
+    if owner.get("attempt") != attempt.id:
+        return 0  # a newer launch owns the job dir now
+    plan = read_plan(attempt)
+    started = float(os.environ.get(STARTED_VAR) or time.time())
+    elapsed = time.time() - started
+    job_id = os.environ.get("SLURM_JOB_ID", "?")
+    limit_s = max(60.0, 60.0 * -(-plan.timeout_s // 60))  # sbatch --time is whole minutes
+    terminated = float(args[2]) if len(args) > 2 and args[2] else None
+    outcome = conclude(plan, attempt, scheduler_id=job_id, duration_s=elapsed, slurm_state=None, stderr=_stderr(),
+                       time_limit_reached=terminated is not None and elapsed >= limit_s - 5,
+                       batch_terminated_at=terminated)
+    primary = read_primary_return(attempt)
+    value = getattr(primary, "_return_value", None) if primary is not None else None
+    write_result(plan, result_record(plan, outcome, value, attempt.id,
+                                     timing={"started_at": started, "ended_at": time.time()}))
+    discard_payload(attempt)
+    attempt.finalized.touch()
+    print(f"mmt: job {plan.name} concluded inside the allocation: {outcome.status}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

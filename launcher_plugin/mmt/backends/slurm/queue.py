@@ -1,0 +1,98 @@
+"""The state of SLURM jobs, from the queue (squeue) and the accounting database (sacct).
+
+submitit's own watcher backs off to a minute between polls and, without sacct, waits forever on a job that was
+killed; this asks every poll and never waits on a job that has left the queue. A query that fails (slurmctld
+busy, a timeout) says nothing: a job is only GONE when the queue answered without it and accounting, where there
+is accounting, has no record of it either.
+"""
+
+import subprocess
+from dataclasses import dataclass
+from typing import Dict, Iterable, Optional
+
+# states after which a job will not run again by itself (REQUEUED, PENDING, RUNNING ... are not final)
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE", "REVOKED", "SPECIAL_EXIT")
+ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD",
+          "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED")
+# no longer queued, and no record (accounting is off)
+GONE = "GONE"
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str  # first word of SLURM's state: "CANCELLED by 0" -> CANCELLED
+    exit_code: Optional[str] = None  # sacct's "code:signal"
+    restarts: int = 0
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL or self.state == GONE
+
+
+def _run(args: list) -> Optional[str]:
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _sacct(ids: list) -> Optional[Dict[str, JobState]]:
+    out = _run(["sacct", "-X", "-n", "-P", "-D", "-j", ",".join(ids), "-o", "JobID,State,ExitCode"])
+    if out is None:
+        return None
+    found: Dict[str, JobState] = {}
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) < 3 or parts[0] not in ids:
+            continue
+        previous = found.get(parts[0])
+        restarts = (previous.restarts + 1) if previous else 0  # -D lists every run of a requeued job
+        found[parts[0]] = JobState(parts[1].split()[0] if parts[1] else "PENDING", parts[2], restarts)
+    return found
+
+
+def _squeue(ids: list) -> Optional[Dict[str, JobState]]:
+    # -t all: a job that just ended is still listed (COMPLETING, CANCELLED ...) for MinJobAge
+    out = _run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T"])
+    if out is None:
+        return None
+    return {line.split("|")[0]: JobState(line.split("|")[1]) for line in out.splitlines() if "|" in line}
+
+
+def job_states(job_ids: Iterable[str], accounting: bool = True) -> Dict[str, JobState]:
+    """The state of every job the queries could tell; a job whose state is unknown right now is left out."""
+    ids = list(job_ids)
+    if not ids:
+        return {}
+    queued = _squeue(ids)
+    accounted = _sacct(ids) if accounting else {}
+    states = {}
+    for job_id in ids:
+        record = (accounted or {}).get(job_id)
+        queue_state = queued.get(job_id) if queued is not None else None
+        if queue_state is not None and (queue_state.state in ACTIVE or record is None or not record.final):
+            # the queue is current (sacct can lag behind it), and a job still COMPLETING is not over yet
+            states[job_id] = JobState(queue_state.state, None, record.restarts if record else 0)
+        elif record is not None:
+            states[job_id] = record
+        elif queued is not None and (accounted is not None or not accounting):
+            states[job_id] = JobState(GONE)
+    return states
+
+
+def is_active(job_id: str) -> Optional[bool]:
+    """Whether the job is queued or running; None when SLURM cannot be asked."""
+    state = job_states([job_id], accounting=accounting_available()).get(job_id)
+    return None if state is None else not state.final
+
+
+def accounting_available() -> bool:
+    return _run(["sacct", "-n", "-X", "-S", "now", "-o", "JobID"]) is not None
+
+
+def cancel(job_ids: Iterable[str], signal_name: Optional[str] = None) -> None:
+    ids = list(job_ids)
+    if ids:
+        _run(["scancel", *([f"--signal={signal_name}", "--full"] if signal_name else []), *ids])

@@ -1,0 +1,220 @@
+"""SLURM settings and the sbatch parameters of a job: validated here, rendered by submitit (pure, no I/O).
+
+A job is ``--nodes=N``, and by default one task per node (``tasks=per_node``): each task is that node's agent, which
+forks the node's ranks (``mmt.agent.node``). ``tasks=per_rank`` gives SLURM one task per rank instead, for sites that
+bind resources per task. The batch script's exit runs ``mmt.backends.slurm.finalize``, which writes the job's
+result from inside the allocation, whether or not a launcher still watches.
+
+What reaches the generated script is safe by construction: ``#SBATCH`` values and srun arguments are shell-quoted
+by submitit, the container wrapper and mmt's own lines are quoted here, and a value that cannot be quoted on one line
+(a newline, a NUL) is refused. ``env`` and ``command`` never pass through the script: they travel in the job
+payload. ``setup`` lines are shell code on purpose (module load, conda activate) and are written as given.
+"""
+
+import math
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from omegaconf import DictConfig, OmegaConf
+
+from mmt.errors import ConfigError
+from mmt.jobdir import Attempt
+from mmt.planning import validate as check
+from mmt.planning.plan import JobPlan
+
+TASK_LAYOUTS = ("per_node", "per_rank")
+# the batch script's start, for the job's own conclusion (duration, time limit reached or not)
+STARTED_VAR = "MMT_BATCH_STARTED"
+# when the batch script got SIGTERM (scancel, the time limit), if it did
+TERMINATED_VAR = "MMT_BATCH_TERMINATED"
+
+CONTAINER_RUNTIMES = ("pyxis", "apptainer", "singularity")
+# sbatch options the launcher sets itself from the plan; overriding them through sbatch_extra would desynchronise
+# the job from its plan (and from Lightning's validation of devices/num_nodes)
+_MANAGED = {"nodes", "ntasks-per-node", "ntasks", "time", "output", "error", "signal", "job-name", "open-mode",
+            "gpus-per-node", "cpus-per-task", "mem", "partition", "account", "qos", "constraint", "array"}
+_OPTION_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+def _one_line(key: str, value: Any) -> Any:
+    return check.one_line(key, value, "remove the newline; pass multi-line data through env or a file instead")
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """``hydra.launcher.*`` of cluster=slurm, validated."""
+
+    folder: str
+    partition: Optional[str]
+    account: Optional[str]
+    qos: Optional[str]
+    constraint: Optional[str]
+    cpus_per_task: Optional[int]
+    mem_gb: Optional[int]
+    gpus_per_node: Optional[int]
+    setup: Tuple[str, ...]
+    sbatch_extra: Tuple[Tuple[str, Any], ...]
+    srun_extra: Tuple[str, ...]
+    container_runtime: str
+    container_mounts: Tuple[str, ...]
+    signal_delay_s: int
+    max_requeues: int
+    poll_interval_s: float
+    tasks: str = "per_node"
+
+    @property
+    def agent_per_node(self) -> bool:
+        return self.tasks == "per_node"
+
+    @classmethod
+    def for_watching(cls, poll_interval_s: float = 1.0) -> "SlurmSettings":
+        """What watching jobs another process submitted needs (no site settings: nothing is submitted)."""
+        return cls(folder="", partition=None, account=None, qos=None, constraint=None, cpus_per_task=None,
+                   mem_gb=None, gpus_per_node=None, setup=(), sbatch_extra=(), srun_extra=(),
+                   container_runtime="pyxis", container_mounts=(), signal_delay_s=90, max_requeues=0,
+                   poll_interval_s=poll_interval_s)
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> "SlurmSettings":
+        keys = ("submitit_folder", "partition", "account", "qos", "constraint", "cpus_per_task", "mem_gb",
+                "gpus_per_node", "setup", "sbatch_extra", "srun_extra", "container_runtime", "container_mounts",
+                "signal_delay_s", "max_requeues", "poll_interval_s", "tasks")
+        raw = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+               for k in keys}
+        text = {k: _one_line(f"hydra.launcher.{k}", raw[k]) for k in ("partition", "account", "qos", "constraint")}
+        extra = {}
+        for name, value in (raw["sbatch_extra"] or {}).items():
+            key = f"hydra.launcher.sbatch_extra.{name}"
+            option = str(name).replace("_", "-")
+            if not _OPTION_NAME.match(str(name)):
+                raise ConfigError(key, value, "sbatch option names are lower-case letters, digits, - and _",
+                                  "e.g. hydra.launcher.sbatch_extra.mail-type=END")
+            if option in _MANAGED:
+                raise ConfigError(key, value, f"--{option} is set by mmt from the job's plan",
+                                  "use num_nodes/devices/machine or the hydra.launcher field of that name")
+            if not isinstance(value, (str, int, float, bool)):
+                raise ConfigError(key, value, "expected a string, number or boolean", f"e.g. {key}=value")
+            extra[str(name)] = _one_line(key, value)
+        optional_int = lambda key, minimum: None if raw[key] is None else check.whole_number(  # noqa: E731
+            f"hydra.launcher.{key}", raw[key], minimum, f"e.g. hydra.launcher.{key}=4")
+        return cls(
+            folder=_one_line("hydra.launcher.submitit_folder", str(raw["submitit_folder"])),
+            cpus_per_task=optional_int("cpus_per_task", 1),
+            mem_gb=optional_int("mem_gb", 1),
+            gpus_per_node=optional_int("gpus_per_node", 0),
+            setup=tuple(str(line) for line in raw["setup"] or ()),
+            sbatch_extra=tuple(sorted(extra.items())),
+            srun_extra=tuple(_one_line("hydra.launcher.srun_extra", str(a)) for a in raw["srun_extra"] or ()),
+            container_runtime=check.choice("hydra.launcher.container_runtime", raw["container_runtime"],
+                                           CONTAINER_RUNTIMES),
+            container_mounts=tuple(_mount(m) for m in raw["container_mounts"] or ()),
+            signal_delay_s=check.whole_number("hydra.launcher.signal_delay_s", raw["signal_delay_s"], 1,
+                                              "seconds before the time limit, e.g. 90"),
+            max_requeues=check.whole_number("hydra.launcher.max_requeues", raw["max_requeues"], 0,
+                                            "e.g. hydra.launcher.max_requeues=3"),
+            poll_interval_s=check.positive_number("hydra.launcher.poll_interval_s", raw["poll_interval_s"],
+                                                  "seconds, e.g. 1", maximum=3600),
+            tasks=check.choice("hydra.launcher.tasks", raw["tasks"], TASK_LAYOUTS),
+            **text,
+        )
+
+
+def _mount(value: Any) -> str:
+    value = _one_line("hydra.launcher.container_mounts", str(value))
+    if "," in value or ":" not in value:
+        raise ConfigError("hydra.launcher.container_mounts", value, "expected SOURCE:TARGET[:FLAGS] without commas",
+                          "e.g. hydra.launcher.container_mounts=[/data:/data]")
+    return value
+
+
+def python_command(plan: JobPlan, settings: SlurmSettings, project_dir: str) -> str:
+    """How the task runs Python: this interpreter, or python3 inside the job's container (quoted here)."""
+    if plan.image is None:
+        return shlex.quote(sys.executable)
+    if settings.container_runtime == "pyxis":
+        return "python3"  # srun itself enters the container (--container-image)
+    binds = [f"{project_dir}:{project_dir}", *settings.container_mounts]
+    wrapper = [settings.container_runtime, "exec", "--pwd", project_dir]
+    for bind in binds:
+        wrapper += ["--bind", bind]
+    if plan.machine.gpus:
+        wrapper.append("--nv")
+    return shlex.join([*wrapper, plan.image, "python3"])
+
+
+def _container_srun_args(plan: JobPlan, settings: SlurmSettings, project_dir: str) -> List[str]:
+    if plan.image is None or settings.container_runtime != "pyxis":
+        return []
+    mounts = ",".join([f"{project_dir}:{project_dir}", *settings.container_mounts])
+    return [f"--container-image={plan.image}", f"--container-mounts={mounts}", f"--container-workdir={project_dir}"]
+
+
+def tasks_per_node(plan: JobPlan, settings: SlurmSettings) -> int:
+    """SLURM tasks per node: the node agent alone, or one per rank (a per-node command is one process anyway)."""
+    return 1 if settings.agent_per_node else plan.processes_per_node
+
+
+def finalize_line(attempt: Attempt) -> str:
+    """The batch script's last act, whatever ends it (the tasks' end, scancel, the time limit): the job's own
+    conclusion (``mmt.backends.slurm.finalize``), run by the launcher's interpreter (a shared filesystem, as for the
+    job dir). Skipped when a launcher has concluded the job already, and where that interpreter is not there (a
+    container-only site, where the launcher concludes)."""
+    python, where = shlex.quote(sys.executable), shlex.quote(str(attempt.dir))
+    body = (f"rc=$?; [ -e {where}/concluded ] || {{ [ -x {python} ] && {python} -m mmt.backends.slurm.finalize "
+            f'{where} "$rc" "${{{TERMINATED_VAR}:-}}"; }}')
+    return f"trap {shlex.quote(body)} EXIT"
+
+
+def sbatch_parameters(plan: JobPlan, settings: SlurmSettings, project_dir: str, job_name: str,
+                      attempt: Attempt) -> Dict[str, Any]:
+    """The parameters of submitit's SlurmExecutor for this job (its names: time, ntasks_per_node, mem ...)."""
+    per_node = tasks_per_node(plan, settings)
+    cpus = settings.cpus_per_task
+    if cpus is None and plan.machine.cpus:
+        cpus = max(1, plan.machine.cpus // per_node)
+    gpus = settings.gpus_per_node if settings.gpus_per_node is not None else plan.machine.gpus
+    params: Dict[str, Any] = {
+        "job_name": job_name,
+        "nodes": plan.num_nodes,
+        "ntasks_per_node": per_node,
+        "time": max(1, math.ceil(plan.timeout_s / 60.0)),
+        "signal_delay_s": settings.signal_delay_s,
+        # one dead task ends the whole job at once instead of leaving the others in a collective until timeout
+        "srun_args": ["--kill-on-bad-exit=1", *_container_srun_args(plan, settings, project_dir),
+                      *settings.srun_extra],
+        "additional_parameters": {"requeue": True, **dict(settings.sbatch_extra)},
+    }
+    if cpus:
+        params["cpus_per_task"] = cpus
+    if gpus:
+        params["gpus_per_node"] = gpus
+    if settings.mem_gb:
+        params["mem"] = f"{settings.mem_gb}GB"
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(settings, key) is not None:
+            params[key] = getattr(settings, key)
+    setup = list(settings.setup)
+    if plan.image is not None:
+        # the image brings Python and the libraries; mmt, the app and its recipes come from the mounted project
+        paths = shlex.quote(f"{project_dir}/launcher_plugin:{project_dir}")
+        setup.append(f"export PYTHONPATH={paths}${{PYTHONPATH:+:$PYTHONPATH}}")
+    # SIGTERM (scancel, the time limit) must not end the script before srun has stopped the tasks: the trap on
+    # TERM makes bash wait for srun, then the EXIT trap concludes the job with every process gone
+    setup += [f"export {STARTED_VAR}=$(date +%s)", f"trap '{TERMINATED_VAR}=$(date +%s.%N)' TERM",
+              finalize_line(attempt)]
+    params["setup"] = setup
+    return params
+
+
+def render_script(plan: JobPlan, settings: SlurmSettings, project_dir: str, job_name: str, attempt: Attempt) -> str:
+    """The exact sbatch script submitit will write for this job."""
+    from submitit.slurm.slurm import _make_sbatch_string  # lazy: submitit is only needed for cluster=slurm
+
+    folder = settings.folder
+    command = " ".join([python_command(plan, settings, project_dir), "-u -m submitit.core._submit",
+                        shlex.quote(folder)])
+    return _make_sbatch_string(command=command, folder=folder,
+                               **sbatch_parameters(plan, settings, project_dir, job_name, attempt))

@@ -1,0 +1,1 @@
+"""The ``mmt`` command line (a console script installed with the package)."""

@@ -1,0 +1,236 @@
+"""Every file name in a job's output dir, and the records the processes of a job leave there. No other module
+spells these names.
+
+A job dir (Hydra's ``<sweep dir>/<job num>``) holds what users read and what the engine keeps to itself::
+
+    result.json                  how the job ended (written by whoever concludes it: see mmt.launching.outcome)
+    logs/node<n>.rank<r>.log     every rank's stdout and stderr (a per-node command: logs/node<n>.log)
+    metrics/node<n>.jsonl        machine metrics, sampled by the node agent
+    metrics.csv  checkpoints/    written by the recipe on rank 0
+    .mmt/                        private to the engine (0700)
+      owner.json                 the launch that owns the dir now (backend, scheduler id, pid, host)
+      lock                       flock'ed by a live local supervisor
+      attempts/<attempt id>/     one launch of the job; nothing is read across attempts
+        plan.pkl                 the job's plan (plain pickle: mmt's own dataclasses)
+        job.json job.pkl         the payload: sys.path, then the pickled Hydra context, task and config (0600)
+        error.<i>.json           process i raised (worker): exception, traceback, time
+        exit.<i>.json            process i exited (agent): code, time, whether the agent stopped it
+        done.<i>                 process i finished its task (worker): "0" or "1"; SLURM ends a job once all say 0
+        return.pkl               the primary process's JobReturn
+        agent.<n>.json           the node agent of node n: host, pid, start and end
+        requeued.<restart>       the job asked SLURM to requeue it during that restart
+        stop                     someone asked the job to stop (mmt stop)
+        finalized                the job's own last step (SLURM) has concluded it
+        concluded                the launcher has concluded it (the job's own last step need not)
+
+``i`` is the process index in the plan: the global rank, or the node in per-node command mode. Records are
+written atomically (a reader sees nothing or all of it); private files are readable by their owner only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+RESULT = "result.json"
+LOGS = "logs"
+METRICS = "metrics"
+TRAINING_METRICS = "metrics.csv"
+CHECKPOINTS = "checkpoints"
+PRIVATE = ".mmt"
+PRIVATE_MODE = 0o700
+
+
+def new_attempt_id() -> str:
+    """Unique per launch of a job: time first, so attempts sort by age; random so two launches never collide."""
+    return time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def write_atomic(path: Path, data: bytes, private: bool = False) -> None:
+    """Readers see the old content or the complete new one, never a partial file. ``private``: mode 0600."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        if not private:  # mkstemp creates 0600; shared results follow the umask
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def make_private_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_MODE)
+    os.chmod(path, PRIVATE_MODE)
+    return path
+
+
+def read_json(path: Path) -> Optional[Dict[str, Any]]:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def process_log_name(node_rank: int, rank: int, per_node: bool) -> str:
+    """``node<n>.log`` for a per-node command, ``node<n>.rank<r>.log`` for a rank."""
+    return f"node{node_rank}.log" if per_node else f"node{node_rank}.rank{rank}.log"
+
+
+@dataclass(frozen=True)
+class JobDir:
+    """The output dir of one job."""
+
+    root: Path
+
+    @property
+    def result(self) -> Path:
+        return self.root / RESULT
+
+    @property
+    def logs(self) -> Path:
+        return self.root / LOGS
+
+    def log(self, node_rank: int, rank: int, per_node: bool) -> Path:
+        return self.logs / process_log_name(node_rank, rank, per_node)
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / METRICS
+
+    def node_metrics(self, node_rank: int) -> Path:
+        return self.metrics / f"node{node_rank}.jsonl"
+
+    @property
+    def training_metrics(self) -> Path:
+        return self.root / TRAINING_METRICS
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS
+
+    @property
+    def private(self) -> Path:
+        return self.root / PRIVATE
+
+    @property
+    def owner(self) -> Path:
+        return self.private / "owner.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.private / "lock"
+
+    def attempt(self, attempt_id: str) -> "Attempt":
+        return Attempt(self.private / "attempts" / attempt_id)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One launch of a job: its payload and the records of its processes, in a dir of its own."""
+
+    dir: Path
+
+    @property
+    def id(self) -> str:
+        return self.dir.name
+
+    @property
+    def job_dir(self) -> JobDir:
+        return JobDir(self.dir.parents[2])
+
+    def create(self) -> "Attempt":
+        for path in (self.dir.parents[1], self.dir.parent, self.dir):
+            make_private_dir(path)
+        return self
+
+    # payload ------------------------------------------------------------------------------------------------
+    @property
+    def plan(self) -> Path:
+        return self.dir / "plan.pkl"
+
+    @property
+    def payload_meta(self) -> Path:
+        return self.dir / "job.json"
+
+    @property
+    def payload(self) -> Path:
+        return self.dir / "job.pkl"
+
+    # what processes report -----------------------------------------------------------------------------------
+    def error_file(self, index: int) -> Path:
+        return self.dir / f"error.{index}.json"
+
+    def exit_file(self, index: int) -> Path:
+        return self.dir / f"exit.{index}.json"
+
+    def done_file(self, index: int) -> Path:
+        return self.dir / f"done.{index}"
+
+    @property
+    def primary_return(self) -> Path:
+        return self.dir / "return.pkl"
+
+    def agent_file(self, node_rank: int) -> Path:
+        return self.dir / f"agent.{node_rank}.json"
+
+    def requeued_file(self, restart: int) -> Path:
+        return self.dir / f"requeued.{restart}"
+
+    @property
+    def stop_request(self) -> Path:
+        return self.dir / "stop"
+
+    @property
+    def finalized(self) -> Path:
+        return self.dir / "finalized"
+
+    @property
+    def concluded(self) -> Path:
+        return self.dir / "concluded"
+
+    def write_error(self, index: int, record: Dict[str, Any]) -> None:
+        write_atomic(self.error_file(index), json.dumps({"time": time.time(), **record}).encode(), private=True)
+
+    def write_exit(self, index: int, code: int, stopped: bool) -> None:
+        record = {"code": code, "stopped": stopped, "time": time.time()}
+        write_atomic(self.exit_file(index), json.dumps(record).encode(), private=True)
+
+    def write_done(self, index: int, code: int) -> None:
+        write_atomic(self.done_file(index), str(code).encode(), private=True)
+
+    def write_agent(self, node_rank: int, record: Dict[str, Any]) -> None:
+        write_atomic(self.agent_file(node_rank), json.dumps(record).encode(), private=True)
+
+    def error(self, index: int) -> Optional[Dict[str, Any]]:
+        return read_json(self.error_file(index))
+
+    def exit(self, index: int) -> Optional[Dict[str, Any]]:
+        return read_json(self.exit_file(index))
+
+    def done(self, index: int) -> Optional[int]:
+        try:
+            return int(self.done_file(index).read_text())
+        except (FileNotFoundError, NotADirectoryError, ValueError):
+            return None
+
+    def agent(self, node_rank: int) -> Optional[Dict[str, Any]]:
+        return read_json(self.agent_file(node_rank))
+
+    def clear_process(self, index: int) -> None:
+        """Forget what an earlier run of process ``index`` reported (a requeued SLURM job runs again in place)."""
+        paths = [self.error_file(index), self.exit_file(index), self.done_file(index)]
+        if index == 0:
+            paths.append(self.primary_return)
+        for path in paths:
+            path.unlink(missing_ok=True)

@@ -1,0 +1,459 @@
+"""The engine: launch planned jobs on a backend, watch them to the end, conclude and report each.
+
+Every front end calls it: the Hydra launcher (``python train.py -m``), the ``mmt`` CLI and the SDK.
+
+* :func:`launch` (attached):
+  1. refuse what the backend cannot run, names the registry already holds, and job dirs a live launch owns, before
+     anything starts;
+  2. write each job's payload into a new attempt dir (nothing is ever read across attempts), register the job,
+     submit it;
+  3. watch: follow rank 0's log on the console, stop every job on Ctrl-C/SIGTERM (SIGKILL on a second one), stop
+     local jobs and detach from SLURM jobs on SIGHUP (a lost terminal), stop a job someone asked to stop;
+  4. conclude every job as it ends: ``result.json``, the attempt's payload removed, the dir released, the registry
+     updated; and print and append the sweep summary, saying in one line what could not be written (a full disk).
+* :func:`submit` (detached): steps 1 and 2, then return; SLURM jobs conclude themselves inside the allocation,
+  local ones in a supervisor process that outlives the terminal (``mmt.launching.supervisor``).
+* :func:`attach`: step 3 and 4 for jobs another process started (``mmt wait``).
+"""
+
+import shutil
+import signal
+import socket
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from mmt.backends.base import Backend, JobHandle, JobOutcome, JobState, Submission
+from mmt.jobdir import Attempt, JobDir, new_attempt_id, read_json
+from mmt.launching.console import Console, LogFollower, tail
+from mmt.launching.outcome import missing_result, outcome_of_record, read_primary_return, result_record, write_result
+from mmt.launching.ownership import Claim, claim
+from mmt.launching.payload import JobPayload, discard_payload, write_payload
+from mmt.launching.report import SummaryRow, append_summary_csv, first_line, format_summary, metric_of
+from mmt.launching.signals import SignalTrap
+from mmt.monitor.progress import ProgressView
+from mmt.planning.plan import JobPlan
+from mmt.planning.redact import masked_overrides
+from mmt.service.registry import JobRecord, Registry
+
+_TICK_S = 0.05
+CONSOLE_MODES = ("rank0", "all", "none")
+
+
+@dataclass
+class PreparedJob:
+    """A planned job and what its processes receive."""
+
+    payload: JobPayload
+    # the values of plan.env_from, read from the launcher's environment
+    copied_env: Dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def plan(self) -> JobPlan:
+        return self.payload.plan
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    sweep_dir: Path
+    console: str = "rank0"  # whose output is followed live: rank0 | all | none
+    # a job left running when the launcher's terminal goes (SIGHUP) keeps running; the registry says so
+    registry: Optional[Registry] = None
+
+
+@dataclass
+class JobReport:
+    """How one job ended, as reported to the front end."""
+
+    plan: JobPlan
+    outcome: JobOutcome
+    attempt: Attempt
+    # the primary process's JobReturn (Hydra's), when it reported one
+    primary: Any = None
+    record: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LaunchReport:
+    jobs: List[JobReport]
+    # the signal that interrupted the launch, if one did
+    interrupted_by: Optional[int] = None
+    # jobs left running on purpose (SIGHUP on SLURM, Ctrl-C while re-attached): names, for `mmt wait`
+    detached: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Submitted:
+    """A job a backend accepted, as the front end sees it."""
+
+    plan: JobPlan
+    attempt: Attempt
+    backend: str
+    scheduler_id: Optional[str] = None
+
+
+@dataclass
+class _Watched:
+    plan: JobPlan
+    handle: JobHandle
+    claim: Optional[Claim]
+    started_at: float
+    followers: List[LogFollower] = field(default_factory=list)
+    running_seen: bool = False
+    report: Optional[JobReport] = None
+
+
+# ------------------------------------------------------------------------------------------------ before anything
+
+
+def refuse_unrunnable(backend: Backend, plans: Sequence[JobPlan]) -> None:
+    for plan in plans:
+        problems = backend.problems(plan)
+        if problems:
+            raise problems[0]
+
+
+def _refuse_taken_names(registry: Optional[Registry], plans: Sequence[JobPlan]) -> None:
+    if registry is None:
+        return
+    from mmt.errors import UsageError
+
+    taken = registry.names_taken([plan.name for plan in plans])
+    if taken:
+        raise UsageError(f"the registry already holds a job named {taken[0]!r}. HINT: choose another name "
+                         f"(hydra.launcher.name / --name), or `mmt delete {taken[0]}` first")
+
+
+def _claim_all(plans: Sequence[JobPlan], backend: Backend, attempts: Dict[int, Attempt]) -> Dict[int, Claim]:
+    claims: Dict[int, Claim] = {}
+    try:
+        for plan in plans:
+            claims[plan.num] = claim(JobDir(Path(plan.job_dir)), {
+                "attempt": attempts[plan.num].id, "name": plan.name, "backend": backend.name,
+                "job_id": plan.job_id}, backend.owner_active)
+    except BaseException:
+        for held in claims.values():
+            held.release(forget=False)
+        raise
+    return claims
+
+
+def _record(plan: JobPlan, attempt: Attempt, backend: str, sweep_dir: Path, detached: bool) -> JobRecord:
+    return JobRecord(name=plan.name, job_id=plan.job_id, backend=backend, job_dir=plan.job_dir,
+                     sweep_dir=str(sweep_dir.absolute()), attempt=attempt.id, num_nodes=plan.num_nodes,
+                     devices=plan.devices, machine=plan.machine.name, command=plan.command,
+                     command_mode=plan.command_mode, overrides=masked_overrides(plan.overrides, plan.secret_names), state=JobState.PENDING.value,
+                     supervisor_pid=os.getpid(), supervisor_host=socket.gethostname(), detached=detached,
+                     created_at=time.time())
+
+
+def _start(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions, console: Console,
+           detached: bool) -> List[_Watched]:
+    """Refuse, claim, write payloads, register and submit every job; on any failure nothing is left behind."""
+    plans = [job.plan for job in jobs]
+    refuse_unrunnable(backend, plans)
+    _refuse_taken_names(options.registry, plans)
+    attempts = {plan.num: JobDir(Path(plan.job_dir)).attempt(new_attempt_id()) for plan in plans}
+    claims = _claim_all(plans, backend, attempts)
+    watched: List[_Watched] = []
+    try:
+        for job in jobs:
+            write_payload(attempts[job.plan.num], job.payload)
+        if options.registry is not None:
+            options.registry.add([_record(p, attempts[p.num], backend.name, options.sweep_dir, detached)
+                                  for p in plans])
+        console.write(f"mmt: launching {len(jobs)} job(s) on cluster={backend.name}, sweep dir "
+                      f"{options.sweep_dir}\n")
+        for job in jobs:
+            plan = job.plan
+            console.write(f"\t#{plan.num} {plan.name}: {' '.join(masked_overrides(plan.overrides, plan.secret_names))}"
+                          f" ({plan.num_nodes} x {plan.devices})\n")
+            handle = backend.submit(Submission(plan=plan, attempt=attempts[plan.num], copied_env=job.copied_env))
+            watched.append(_Watched(plan=plan, handle=handle, claim=claims[plan.num], started_at=time.time()))
+            scheduler_id = backend.poll(handle).scheduler_id
+            if scheduler_id:
+                claims[plan.num].update(scheduler_id=scheduler_id)
+                if options.registry is not None:
+                    options.registry.update(plan.name, scheduler_id=scheduler_id)
+    except BaseException:
+        for item in watched:
+            backend.cancel(item.handle, "the launch failed")
+        for num, held in claims.items():
+            if not any(item.plan.num == num for item in watched):
+                shutil.rmtree(attempts[num].dir, ignore_errors=True)
+                held.release(forget=backend.name == "local")
+        if options.registry is not None:
+            for plan in plans:
+                if not any(item.plan.num == plan.num for item in watched):
+                    options.registry.delete(plan.name)
+        raise
+    return watched
+
+
+# ------------------------------------------------------------------------------------------------ entry points
+
+
+@dataclass(frozen=True)
+class NotStarted:
+    """A job of the batch that was refused (an invalid trial a sweeper proposed): a row of the summary too."""
+
+    num: int
+    overrides: Sequence[str]
+    reason: str
+
+
+def launch(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions,
+           console: Optional[Console] = None, accepted: Optional[Callable[[List[Submitted]], None]] = None,
+           not_started: Sequence[NotStarted] = ()) -> LaunchReport:
+    """Run ``jobs`` on ``backend`` until every one has ended (or the launch is detached); conclude each.
+
+    ``accepted``: called once every job is registered and submitted (a detached supervisor tells its launcher).
+    """
+    own, console = console is None, console or Console()
+    try:
+        return _launch(jobs, backend, options, console, accepted, not_started)
+    finally:
+        if own:
+            console.close()
+
+
+def _launch(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions, console: Console,
+            accepted: Optional[Callable[[List[Submitted]], None]], not_started: Sequence[NotStarted]
+            ) -> LaunchReport:
+    watched = _start(jobs, backend, options, console, detached=False)
+    try:
+        if accepted is not None:
+            accepted([Submitted(w.plan, w.handle.attempt, backend.name, backend.poll(w.handle).scheduler_id)
+                      for w in watched])
+        report = _watch(watched, backend, options, console, on_hangup="detach" if backend.survives_launcher
+                        else "stop", on_interrupt="stop")
+    except BaseException:
+        # a bug, or an exception from the backend: nothing may be left running or unreported
+        for item in watched:
+            if item.report is None:
+                backend.cancel(item.handle, "the launcher failed")
+        raise
+    finally:
+        for item in watched:
+            if item.claim is not None and item.claim.fd >= 0:
+                item.claim.release(forget=False)
+    summarise(options.sweep_dir, report, console, not_started=not_started)
+    return report
+
+
+def submit(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions,
+           console: Optional[Console] = None) -> List[Submitted]:
+    """Start ``jobs`` and return at once; they conclude themselves (a backend whose jobs outlive the launcher)."""
+    assert backend.survives_launcher, f"cluster={backend.name} jobs need a supervisor to outlive the launcher"
+    own, console = console is None, console or Console()
+    try:
+        watched = _start(jobs, backend, options, console, detached=True)
+    finally:
+        if own:
+            console.close()
+    submitted = []
+    for item in watched:
+        if item.claim is not None:
+            item.claim.release(forget=False)  # owner.json stays: a rerun asks SLURM whether the job still runs
+        submitted.append(Submitted(item.plan, item.handle.attempt, backend.name, backend.poll(item.handle).scheduler_id))
+    return submitted
+
+
+def attach(handles: Sequence[JobHandle], backend: Backend, options: LaunchOptions,
+           console: Optional[Console] = None, timeout_s: Optional[float] = None) -> LaunchReport:
+    """Watch jobs another process started until they end (``mmt wait``); Ctrl-C stops watching, not the jobs;
+    so does ``timeout_s``."""
+    own, console = console is None, console or Console()
+    watched = [_Watched(plan=h.plan, handle=h, claim=None, started_at=time.time()) for h in handles]
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    try:
+        report = _watch(watched, backend, options, console, on_hangup="detach", on_interrupt="detach",
+                        deadline=deadline)
+        summarise(options.sweep_dir, report, console, write_csv=False)
+    finally:
+        if own:
+            console.close()
+    return report
+
+
+# ------------------------------------------------------------------------------------------------ watching
+
+
+def _watch(watched: List[_Watched], backend: Backend, options: LaunchOptions, console: Console, *,
+           on_hangup: str, on_interrupt: str, deadline: Optional[float] = None) -> LaunchReport:
+    report = LaunchReport(jobs=[])
+    interrupted = killed = False
+    next_stop_check = 0.0
+    progress = ProgressView.for_plans(console, [item.plan for item in watched])
+    with SignalTrap() as trap:
+        while any(item.report is None for item in watched):
+            if deadline is not None and time.monotonic() >= deadline:
+                report.detached = [item.plan.name for item in watched if item.report is None]
+                break
+            if trap.received is not None and not interrupted:
+                interrupted = True
+                report.interrupted_by = trap.received
+                action = on_hangup if trap.received == signal.SIGHUP else on_interrupt
+                if action == "detach":
+                    report.detached = [item.plan.name for item in watched if item.report is None]
+                    _mark_detached(options.registry, report.detached)
+                    break
+                for item in watched:
+                    if item.report is None:
+                        backend.cancel(item.handle, f"the launcher received {trap.name}")
+            if trap.urgent and not killed:
+                killed = True
+                for item in watched:
+                    if item.report is None:
+                        backend.kill(item.handle)
+            backend.wait(_TICK_S)
+            for notice in backend.drain_notices():
+                console.write(notice + "\n")
+            check_stops = time.monotonic() >= next_stop_check
+            if check_stops:
+                next_stop_check = time.monotonic() + 0.5
+            states: Dict[int, str] = {}
+            for item in watched:
+                if item.report is not None:
+                    states[item.plan.num] = item.report.outcome.status.value
+                    continue
+                status = backend.poll(item.handle)
+                if status.state != JobState.PENDING and not item.running_seen:
+                    item.running_seen = True
+                    item.followers = _followers(item.plan, options.console, console)
+                    if options.registry is not None:
+                        options.registry.update(item.plan.name, state=JobState.RUNNING.value, started_at=time.time())
+                for follower in item.followers:
+                    follower.poll()
+                if status.outcome is not None:
+                    item.report = _conclude(item, status.outcome, console, options.registry)
+                elif check_stops and item.handle.attempt.stop_request.exists():
+                    backend.cancel(item.handle, "stopped on request (mmt stop)")
+                states[item.plan.num] = item.report.outcome.status.value if item.report else status.state.value
+            progress.update(states)
+    progress.close()
+    report.jobs = [item.report for item in watched if item.report is not None]
+    return report
+
+
+def _mark_detached(registry: Optional[Registry], names: List[str]) -> None:
+    if registry is not None:
+        for name in names:
+            registry.update(name, detached=True)
+
+
+def _followers(plan: JobPlan, mode: str, console: Console) -> List[LogFollower]:
+    if mode == "none":
+        return []
+    job_dir = JobDir(Path(plan.job_dir))
+    places = plan.places() if mode == "all" else plan.places()[:1]
+    return [LogFollower(job_dir.log(p.node_rank, p.rank, plan.per_node),
+                        f"[#{plan.num} n{p.node_rank}" + ("" if plan.per_node else f" r{p.rank}") + "] ", console)
+            for p in places]
+
+
+def _conclude(item: _Watched, outcome: JobOutcome, console: Console, registry: Optional[Registry]) -> JobReport:
+    plan, attempt = item.plan, item.handle.attempt
+    for follower in item.followers:
+        follower.finish()
+    primary = read_primary_return(attempt)
+    existing = read_json(JobDir(Path(plan.job_dir)).result)
+    if item.claim is None and existing is not None and existing.get("attempt") == attempt.id:
+        # re-attached to a job that concluded itself: its result is the truth
+        record, outcome = existing, outcome_of_record(existing)
+    else:
+        if outcome.status == JobState.COMPLETED and primary is None:
+            outcome.status, outcome.failure = JobState.FAILED, missing_result(plan)
+        value = getattr(primary, "_return_value", None) if primary is not None else None
+        record = result_record(plan, outcome, value, attempt.id,
+                               timing={"started_at": item.started_at, "ended_at": time.time()})
+        try:
+            write_result(plan, record)
+        except OSError as exc:
+            record = {**record, "_write_error": f"{JobDir(Path(plan.job_dir)).result}: {exc.strerror or exc}"}
+    report = JobReport(plan=plan, outcome=outcome, attempt=attempt, primary=primary, record=record)
+    if outcome.failure is not None and outcome.failure.rank != 0 and not outcome.failure.missing_result:
+        _show_tail(plan, outcome, console)
+    if item.claim is not None:
+        _discard(item)
+    if registry is not None:
+        try:
+            registry.update(plan.name, state=outcome.status.value, ended_at=time.time(),
+                            result={k: v for k, v in record.items() if not k.startswith("_")})
+        except Exception as exc:  # the job dir has the result; the registry reconciles from it later
+            console.write(f"mmt: could not update the job registry: {exc}\n")
+    return report
+
+
+def _show_tail(plan: JobPlan, outcome: JobOutcome, console: Console) -> None:
+    failure = outcome.failure
+    assert failure is not None
+    label = f"[#{plan.num} n{failure.node_rank}" + ("" if plan.per_node else f" r{failure.rank}") + "]"
+    lines = tail(Path(failure.log))
+    if lines:
+        console.write(f"{label} --- last lines of {failure.log} ---\n" + "".join(f"{label} {line}\n" for line in lines))
+
+
+def _discard(item: _Watched) -> None:
+    """The attempt's pickled code, config and secrets go; on SLURM its records stay (the job's own last step may
+    still read them) and so does owner.json (a rerun asks SLURM whether that job still runs)."""
+    assert item.claim is not None
+    attempt = item.handle.attempt
+    local = item.claim.owner.get("backend") == "local"
+    try:
+        if local:
+            shutil.rmtree(attempt.dir, ignore_errors=True)
+        else:
+            discard_payload(attempt)
+            attempt.concluded.touch()
+    finally:
+        item.claim.release(forget=local)
+
+
+# ------------------------------------------------------------------------------------------------ the summary
+
+
+def summarise(sweep_dir: Path, report: LaunchReport, console: Console, write_csv: bool = True,
+              not_started: Sequence[NotStarted] = ()) -> None:
+    rows, metric_name = [], "metric"
+    for job in report.jobs:
+        plan, outcome = job.plan, job.outcome
+        value = job.record.get("return_value")
+        metric = metric_of(value, plan.summary_metric)
+        metric_name = metric["name"] if metric["value"] != "-" else metric_name
+        note = "" if outcome.status == JobState.COMPLETED else first_line(job.record.get("error") or "")
+        note = note.removeprefix(f"{plan.label}: ")
+        rows.append(SummaryRow(job=plan.num, name=plan.name,
+                               overrides=" ".join(masked_overrides(plan.overrides, plan.secret_names)),
+                               status=outcome.status.value, num_nodes=plan.num_nodes, devices=plan.devices,
+                               duration_s=outcome.duration_s, metric=metric["value"], note=note))
+    for refused in not_started:
+        rows.append(SummaryRow(job=refused.num, name="-", overrides=" ".join(refused.overrides), status="FAILED",
+                               num_nodes=0, devices=0, duration_s=None, metric="-",
+                               note=f"not started: {first_line(refused.reason)}"))
+    rows.sort(key=lambda row: row.job)
+    if rows:
+        console.write("\n" + format_summary(f"mmt summary ({sweep_dir})", rows, metric_name) + "\n\n")
+    unwritten = [job.record["_write_error"] for job in report.jobs if "_write_error" in job.record]
+    if rows and write_csv:
+        try:
+            append_summary_csv(sweep_dir / "summary.csv", rows, metric_name)
+        except OSError as exc:
+            unwritten.append(f"{sweep_dir / 'summary.csv'}: {exc.strerror or exc}")
+        try:
+            from mmt.monitor.plots import write_sweep_plot
+
+            write_sweep_plot(sweep_dir)
+        except OSError as exc:
+            unwritten.append(f"{sweep_dir / 'summary.png'}: {exc.strerror or exc}")
+    if unwritten:
+        console.write(f"mmt: could not write {len(unwritten)} file(s); the summary above is complete: "
+                      + "; ".join(unwritten) + "\n")
+    if report.detached:
+        console.write(f"mmt: {len(report.detached)} job(s) run on, detached: {', '.join(report.detached)}. "
+                      "Follow them with `mmt wait NAME`, `mmt logs NAME -f` or `mmt list`\n")
+    elif report.interrupted_by is not None:
+        console.write(f"mmt: {signal.Signals(report.interrupted_by).name} received; every rank of every job was "
+                      "stopped\n")

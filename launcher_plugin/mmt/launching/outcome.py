@@ -1,0 +1,162 @@
+"""Concluding a job: who failed first (from the records its processes left), and the ``result.json`` that says
+how it ended. The launcher, a detached supervisor and a SLURM job's own last step all conclude the same way.
+"""
+
+import json
+import math
+import signal
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import cloudpickle
+
+from mmt.backends.base import JobOutcome, JobState
+from mmt.errors import JobFailedError, JobInterruptedError, JobTimeoutError, RankFailedError, RankFailure
+from mmt.jobdir import Attempt, JobDir, write_atomic
+from mmt.planning.plan import JobPlan
+from mmt.planning.redact import masked_overrides
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _log(plan: JobPlan, index: int) -> str:
+    place = plan.place(index)
+    return str(JobDir(Path(plan.job_dir)).log(place.node_rank, place.rank, plan.per_node))
+
+
+def _failure(plan: JobPlan, index: int, error: Optional[Dict[str, Any]], code: Optional[int]) -> RankFailure:
+    place = plan.place(index)
+    error = error or {}
+    exit_code, signal_name = error.get("exit_code"), error.get("signal")
+    if "exit_code" not in error and code is not None:  # not a command's own status: the process's
+        exit_code, signal_name = (code, None) if code >= 0 else (None, _signal_name(code))
+    return RankFailure(rank=place.rank, node_rank=place.node_rank, exit_code=exit_code, signal=signal_name,
+                       exception=error.get("exception"), traceback=error.get("traceback"), log=_log(plan, index),
+                       whole_node=plan.per_node)
+
+
+def first_failure(plan: JobPlan, attempt: Attempt, terminated_at: Optional[float] = None,
+                  outside_signals: Tuple[int, ...] = ()) -> Optional[RankFailure]:
+    """The process that failed first, by the time of its record; None when none failed by itself.
+
+    A process mmt stopped (a sibling failed, the time limit) is not a failure. When the job was terminated from
+    outside (scancel, SLURM's time limit), what happened from ``terminated_at`` on is its consequence, and so is a
+    death by one of ``outside_signals`` (what SLURM sends: SIGTERM, then SIGKILL).
+    """
+    found: List[Tuple[float, RankFailure]] = []
+    for index in range(plan.process_count):
+        error, exit_record = attempt.error(index), attempt.exit(index)
+        code = exit_record.get("code") if exit_record else None
+        if error is not None:
+            when = float(error.get("time", math.inf))
+            failure = _failure(plan, index, error, code)
+        elif exit_record is not None and code != 0 and not exit_record.get("stopped"):
+            if code is not None and code < 0 and -code in outside_signals:
+                continue
+            when = float(exit_record.get("time", math.inf))
+            failure = _failure(plan, index, None, code)
+        else:
+            continue
+        if terminated_at is None or when < terminated_at:
+            found.append((when, failure))
+    return min(found, key=lambda item: item[0])[1] if found else None
+
+
+def missing_result(plan: JobPlan) -> RankFailure:
+    return RankFailure(rank=0, node_rank=0, exit_code=0, signal=None, exception=None, traceback=None,
+                       log=_log(plan, 0), whole_node=plan.per_node, missing_result=True)
+
+
+def all_succeeded(plan: JobPlan, attempt: Attempt) -> bool:
+    """Every process finished its task and the primary reported its result."""
+    return (all(attempt.done(index) == 0 for index in range(plan.process_count))
+            and attempt.primary_return.exists())
+
+
+def read_primary_return(attempt: Attempt) -> Any:
+    """The primary process's JobReturn, or None when it left none."""
+    try:
+        with open(attempt.primary_return, "rb") as handle:
+            return cloudpickle.load(handle)
+    except (FileNotFoundError, NotADirectoryError, EOFError):
+        return None
+
+
+def running_detail(plan: JobPlan, running: List[int]) -> str:
+    """Which processes had not reached the end at the time limit (TIMEOUT's message)."""
+    if not running:
+        return "every process had finished"
+    if len(running) == plan.process_count:
+        who = "nodes" if plan.per_node else "ranks"
+        return f"all {plan.process_count} {who} were still running (none reached the end)"
+    return "still running at the limit: " + ", ".join(plan.describe_place(plan.place(i)) for i in running)
+
+
+def error_for(plan: JobPlan, outcome: JobOutcome) -> Exception:
+    """The exception a failed job's result carries (what Hydra's JobReturn raises for it)."""
+    if outcome.status == JobState.TIMEOUT:
+        return JobTimeoutError(plan.label, plan.timeout_s, outcome.detail)
+    if outcome.status == JobState.INTERRUPTED:
+        return JobInterruptedError(plan.label, outcome.detail)
+    if outcome.failure is None:
+        return JobFailedError(plan.label, outcome.detail or "failed without a record of why")
+    return RankFailedError(plan.label, outcome.failure)
+
+
+def outcome_of_record(record: Dict[str, Any]) -> JobOutcome:
+    """A result.json read back (a job that concluded itself, seen from another process)."""
+    failure = record.get("failure")
+    error = record.get("error") or ""
+    detail = error.split(": ", 1)[1] if ": " in error and not failure else ""
+    return JobOutcome(status=JobState(record["status"]), duration_s=record.get("duration_s"),
+                      failure=RankFailure(**failure) if failure else None, detail=detail,
+                      scheduler_id=record.get("scheduler_id"), stop_latency_s=record.get("stop_latency_s"))
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value, allow_nan=False)
+        return value
+    except (TypeError, ValueError):
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        if isinstance(value, dict):
+            return {str(k): _jsonable(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [_jsonable(v) for v in value]
+        return repr(value)
+
+
+def result_record(plan: JobPlan, outcome: JobOutcome, return_value: Any, attempt_id: str,
+                  timing: Optional[Dict[str, Optional[float]]] = None) -> Dict[str, Any]:
+    completed = outcome.status == JobState.COMPLETED
+    return {
+        "job": plan.num,
+        "name": plan.name,
+        "attempt": attempt_id,
+        "overrides": masked_overrides(plan.overrides, plan.secret_names),
+        "status": outcome.status.value,
+        "num_nodes": plan.num_nodes,
+        "devices": plan.devices,
+        "world_size": plan.world_size,
+        "machine": plan.machine.name,
+        "summary_metric": plan.summary_metric,
+        "duration_s": outcome.duration_s,
+        "stop_latency_s": outcome.stop_latency_s,
+        "scheduler_id": outcome.scheduler_id,
+        **(timing or {}),
+        "return_value": _jsonable(return_value) if completed else None,
+        "failure": asdict(outcome.failure) if outcome.failure else None,
+        "error": None if completed else str(error_for(plan, outcome)),
+    }
+
+
+def write_result(plan: JobPlan, record: Dict[str, Any]) -> None:
+    """``<job dir>/result.json``, atomically: readers see the previous result or this one."""
+    write_atomic(JobDir(Path(plan.job_dir)).result, json.dumps(record, indent=2).encode())

@@ -1,0 +1,101 @@
+"""One launch owns a job dir at a time: a second launch into a dir that a live one owns is refused, before anything
+starts, instead of the two deleting each other's payload and overwriting each other's results.
+
+A launch holds an flock on ``.mmt/lock`` for as long as its process (or its detached supervisor) lives, and writes
+``.mmt/owner.json`` (which attempt, which backend, which scheduler job). A dir whose lock is free may still belong to
+a job that outlived its launcher (a SLURM job whose launcher was killed or detached): the backend says whether the
+owner's scheduler job is still active.
+"""
+
+import fcntl
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+from mmt.errors import UsageError
+from mmt.jobdir import JobDir, make_private_dir, read_json, write_atomic
+
+
+@dataclass
+class Claim:
+    job_dir: JobDir
+    fd: int
+    owner: Dict[str, Any]
+
+    def update(self, **facts: Any) -> None:
+        self.owner.update(facts)
+        write_atomic(self.job_dir.owner, json.dumps(self.owner).encode(), private=True)
+
+    def release(self, forget: bool = True) -> None:
+        """Give the dir up; ``forget``: also remove owner.json and, when empty, the private dir."""
+        if forget:
+            self.job_dir.owner.unlink(missing_ok=True)
+            self.job_dir.lock.unlink(missing_ok=True)
+            for path in (self.job_dir.private / "attempts", self.job_dir.private):
+                try:
+                    path.rmdir()
+                except OSError:
+                    pass
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _described(owner: Optional[Dict[str, Any]]) -> str:
+    if not owner:
+        return "another mmt launch"
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(owner.get("started", 0)))
+    text = f"job {owner.get('name')!r} (pid {owner.get('pid')} on {owner.get('host')}, started {started}"
+    if owner.get("scheduler_id"):
+        text += f", SLURM job {owner['scheduler_id']}"
+    return text + ")"
+
+
+def claim(job_dir: JobDir, owner: Dict[str, Any], still_active: Callable[[Dict[str, Any]], bool]) -> Claim:
+    """Own ``job_dir`` or raise UsageError naming who owns it."""
+    try:
+        make_private_dir(job_dir.private)
+        fd = os.open(job_dir.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise UsageError(f"cannot use job dir {job_dir.root}: {exc.strerror or exc}. HINT: choose a writable "
+                         "hydra.sweep.dir") from None
+    hint = ("HINT: wait for it (mmt wait NAME), stop it (mmt stop NAME), or choose another hydra.sweep.dir")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UsageError(f"job dir {job_dir.root} is in use by a live launch: "
+                         f"{_described(read_json(job_dir.owner))}. {hint}") from None
+    previous = read_json(job_dir.owner)
+    if previous and still_active(previous):
+        os.close(fd)
+        raise UsageError(f"job dir {job_dir.root} is in use by {_described(previous)}, which outlived its "
+                         f"launcher and is still running. {hint}")
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), **owner}
+    result = Claim(job_dir=job_dir, fd=fd, owner=record)
+    result.update()
+    return result
+
+
+def read_owner(job_dir: Path) -> Optional[Dict[str, Any]]:
+    return read_json(JobDir(job_dir).owner)
+
+
+def lock_is_held(job_dir: Path) -> bool:
+    """Whether a live process (a launcher, a detached supervisor) holds the job dir's lock."""
+    try:
+        fd = os.open(JobDir(job_dir).lock, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)

@@ -1,0 +1,42 @@
+"""Ctrl-C, SIGTERM and SIGHUP while jobs run: flags the engine acts on, never an exception in the middle of it.
+
+The first SIGINT/SIGTERM asks for an orderly stop (every rank stopped within the kill grace, every result written);
+a second one asks to hurry (SIGKILL now), still writing every result. SIGHUP is a lost terminal: the engine stops
+local jobs like SIGTERM, and lets SLURM jobs run on, detached, to be re-attached with ``mmt wait``.
+"""
+
+import signal
+from typing import Dict, Optional
+
+WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class SignalTrap:
+    """Turn SIGINT/SIGTERM/SIGHUP into flags for the duration of a ``with`` block."""
+
+    def __init__(self) -> None:
+        self.received: Optional[int] = None  # the first signal
+        self.urgent = False  # a second SIGINT/SIGTERM
+        self._previous: Dict[int, object] = {}
+
+    def __enter__(self) -> "SignalTrap":
+        try:
+            for sig in WATCHED:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not the main thread: leave signals alone
+            pass
+        return self
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if self.received is None:
+            self.received = signum
+        elif signum != signal.SIGHUP:
+            self.urgent = True
+
+    @property
+    def name(self) -> Optional[str]:
+        return None if self.received is None else signal.Signals(self.received).name
+
+    def __exit__(self, *_: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]

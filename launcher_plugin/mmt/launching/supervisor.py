@@ -1,0 +1,98 @@
+"""Detached local jobs: a supervisor process that runs the engine for them and outlives the launcher's terminal.
+
+The launcher plans and validates as usual, then starts ``python -m mmt.launching.supervisor <spec>`` in a session of
+its own (so the terminal's hangup never reaches it, nor its Ctrl-C), and waits only until the supervisor says the
+jobs are claimed, registered and started (or why not). The supervisor runs the usual attached launch: host agent,
+time limits, fail-fast, ``result.json``, registry; its console is a log file in the sweep dir. ``mmt stop NAME``
+asks it to stop a job (a stop request in the job's attempt dir); SIGTERM stops all of its jobs.
+"""
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import cloudpickle
+
+from mmt.errors import UsageError
+from mmt.jobdir import Attempt, make_private_dir, write_atomic
+from mmt.launching import engine
+from mmt.launching.console import Console
+from mmt.launching.payload import check_private
+
+
+def start(jobs: Sequence[engine.PreparedJob], settings: Any, options: engine.LaunchOptions,
+          launch_id: str) -> List[engine.Submitted]:
+    """Hand ``jobs`` to a new supervisor process; returns once it has started them (raises what refused them)."""
+    spool = make_private_dir(options.sweep_dir / ".mmt")
+    spec = spool / f"supervisor-{launch_id}.pkl"
+    log = options.sweep_dir / f"supervisor-{launch_id}.log"
+    # holds the payloads (and copied secrets): the owner's only, removed by the supervisor once read
+    # two layers: sys.path (plain data) first, so the app's modules can be found when the jobs are unpickled
+    inner = cloudpickle.dumps({"jobs": list(jobs), "settings": settings, "options": options})
+    write_atomic(spec, pickle.dumps({"sys_path": list(sys.path), "inner": inner}), private=True)
+    read_end, write_end = os.pipe()
+    with open(log, "ab") as out:
+        process = subprocess.Popen([sys.executable, "-m", "mmt.launching.supervisor", str(spec), str(write_end)],
+                                   pass_fds=[write_end], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True, cwd=os.getcwd())
+    os.close(write_end)
+    with os.fdopen(read_end) as answer:
+        reply = answer.read()
+    if not reply:
+        code = process.poll()
+        spec.unlink(missing_ok=True)
+        raise UsageError(f"the detached supervisor (pid {process.pid}) exited before starting the jobs"
+                         + (f" (code {code})" if code is not None else "") + f"; see {log}")
+    message = json.loads(reply)
+    if "error" in message:
+        raise UsageError(message["error"])
+    return [engine.Submitted(plan=job.plan, attempt=Attempt(Path(a)), backend="local")
+            for job, a in zip(jobs, message["attempts"])]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    spec_path, fd = (argv or sys.argv[1:])[:2]
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a session of its own: no terminal to lose, but be sure
+    answer = os.fdopen(int(fd), "w")
+    spec_file = Path(spec_path)
+    try:
+        check_private(spec_file.parent)
+        outer = pickle.loads(spec_file.read_bytes())
+        sys.path[:] = outer["sys_path"]
+        spec: Dict[str, Any] = cloudpickle.loads(outer["inner"])
+    finally:
+        spec_file.unlink(missing_ok=True)
+        try:
+            spec_file.parent.rmdir()
+        except OSError:
+            pass
+    from mmt.backends.local.backend import LocalBackend
+
+    backend = LocalBackend(spec["settings"])
+
+    def accepted(submitted: List[engine.Submitted]) -> None:
+        answer.write(json.dumps({"attempts": [str(s.attempt.dir) for s in submitted]}))
+        answer.close()
+
+    console = Console()
+    try:
+        engine.launch(spec["jobs"], backend, spec["options"], console, accepted=accepted)
+    except Exception as exc:
+        if not answer.closed:
+            answer.write(json.dumps({"error": str(exc)}))
+            answer.close()
+            return 2
+        raise
+    finally:
+        backend.close()
+        console.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

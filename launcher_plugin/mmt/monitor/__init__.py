@@ -1,0 +1,1 @@
+"""Machine metrics, progress and plots of jobs."""

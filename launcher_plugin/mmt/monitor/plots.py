@@ -1,0 +1,370 @@
+"""``<sweep dir>/summary.png``: the summary metric against each swept parameter, and the training curves.
+
+Built from what the jobs left on disk (``<job>/result.json``, ``<job>/metrics.csv``), so it can be drawn
+during a sweep, after it, or for an old sweep dir. What cannot be read is skipped: bad or partial inputs
+never raise. matplotlib is imported only when a figure is built (``Figure`` and the Agg canvas, never pyplot,
+so no global backend or figure state is touched), which keeps importing this module cheap.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+PLOT = "summary.png"
+CURVES = ("train_loss", "val_loss")  # the columns plotted from metrics.csv; both recipe styles name them so
+_NO_METRIC = {"metric", "result"}  # the metric column of summary.csv when the engine found no metric
+_FAILED_Y = 0.03  # failed jobs sit at the bottom of a metric panel (axes coordinates)
+
+Curve = Tuple[List[float], List[float]]  # steps, values
+
+
+@dataclass
+class _Job:
+    num: int
+    status: str
+    params: Dict[str, str]  # override key -> value as typed; env overrides left out
+    value: Any  # rank 0's return value
+    curves: Dict[str, Curve] = field(default_factory=dict)
+    metric: Optional[float] = None
+    label: str = ""
+
+
+# --------------------------------------------------------------------------------------------- reading inputs
+
+
+def _number(value: Any) -> Optional[float]:
+    """A JSON number as a finite float; None for anything else (bools, strings, nan): the engine's rule."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _parse(text: Optional[str]) -> Optional[float]:
+    """A CSV cell or an override value as a finite float; None for blanks, text and nan."""
+    try:
+        return _number(float(text))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _params(overrides: Any) -> Dict[str, str]:
+    """``["num_nodes=2", "+env.X=***"]`` -> ``{"num_nodes": "2"}``: env values are secrets, not axes."""
+    params: Dict[str, str] = {}
+    for item in overrides if isinstance(overrides, list) else []:
+        if not isinstance(item, str):
+            continue
+        key, _, value = item.partition("=")
+        key = key.lstrip("+")  # +key / ++key set the same parameter (~key deletes it: a value of its own)
+        if key and key != "env" and not key.startswith("env."):
+            params[key] = value
+    return params
+
+
+def _read_curves(path: Path) -> Dict[str, Curve]:
+    """train_loss / val_loss against step. Lightning's CSVLogger leaves a row's other metrics' cells empty, so
+    each column keeps only its own numeric cells; a row without a step counts by position."""
+    try:
+        with open(path, newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return {}
+    curves: Dict[str, List[Tuple[float, float]]] = {}
+    for index, row in enumerate(rows):
+        step = _parse(row.get("step"))
+        for column in CURVES:
+            value = _parse(row.get(column))
+            if value is not None:
+                curves.setdefault(column, []).append((index if step is None else step, value))
+    ordered = {column: sorted(points) for column, points in curves.items()}  # a resumed run appends again
+    return {column: ([step for step, _ in points], [value for _, value in points])
+            for column, points in ordered.items()}
+
+
+def _summary_csv_metric(sweep_dir: Path) -> Optional[str]:
+    """The metric column of summary.csv: what the engine's summary showed (result.json may omit it)."""
+    try:
+        with open(sweep_dir / "summary.csv", newline="") as handle:
+            header = next(csv.reader(handle), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    # job,name,overrides,status,num_nodes,devices,duration_s,<metric>,note
+    column = header.index("duration_s") + 1 if "duration_s" in header else len(header)
+    return header[column] if column < len(header) and header[column] not in _NO_METRIC | {"note"} else None
+
+
+def _metric_name(sweep_dir: Path, jobs: Sequence[_Job], records: Sequence[Dict[str, Any]]) -> Optional[str]:
+    """The key of the summary metric in the returned dicts: result.json's ``summary_metric``, else the metric
+    column of summary.csv, else the first numeric key of the first dict that has one (the engine's rule)."""
+    for record in records:
+        if isinstance(record.get("summary_metric"), str):
+            return record["summary_metric"]
+    from_csv = _summary_csv_metric(sweep_dir)
+    if from_csv:
+        return from_csv
+    for job in jobs:
+        if isinstance(job.value, dict):
+            for key, item in job.value.items():
+                if _number(item) is not None:
+                    return str(key)
+    return None
+
+
+def _load(sweep_dir: Path) -> Tuple[List[_Job], str]:
+    """The jobs that have a readable result.json, in job order, with their metric; and the metric's name."""
+    jobs, records = [], []
+    try:
+        dirs = [d for d in sweep_dir.iterdir() if d.name.isdigit() and d.is_dir()]
+    except OSError:  # no sweep dir (yet), or not readable
+        dirs = []
+    for job_dir in sorted(dirs, key=lambda d: int(d.name)):
+        try:
+            record = json.loads((job_dir / "result.json").read_text())
+        except (OSError, ValueError):  # missing, unreadable, not JSON, not UTF-8
+            continue
+        if not isinstance(record, dict):
+            continue
+        num = record.get("job")
+        num = num if isinstance(num, int) and not isinstance(num, bool) else int(job_dir.name)
+        jobs.append(_Job(num=num, status=str(record.get("status") or "UNKNOWN"),
+                         params=_params(record.get("overrides")), value=record.get("return_value"),
+                         curves=_read_curves(job_dir / "metrics.csv")))
+        records.append(record)
+    name = _metric_name(sweep_dir, jobs, records)
+    for job in jobs:
+        if job.status == "COMPLETED":
+            job.metric = _number(job.value.get(name)) if isinstance(job.value, dict) else _number(job.value)
+    return jobs, name or "result"
+
+
+def _swept(jobs: Sequence[_Job]) -> List[str]:
+    """Parameters whose value differs between jobs (a job without the override counts as a value), in the
+    order they were typed."""
+    keys = list(dict.fromkeys(key for job in jobs for key in job.params))
+    return [key for key in keys if len({job.params.get(key) for job in jobs}) > 1]
+
+
+def _typed(key: str, value: str) -> str:
+    return f"{key}={value}" if value or not key.startswith("~") else key  # "~trainer.logger" has no value
+
+
+def _label_jobs(jobs: Sequence[_Job], swept: Sequence[str]) -> None:
+    """A job is named by its swept overrides ("num_nodes=2"), and by its number where that is not unique."""
+    for job in jobs:
+        typed = [_typed(key, job.params[key]) for key in swept if key in job.params]
+        job.label = " ".join(typed) or f"job {job.num}"
+    counts: Dict[str, int] = {}
+    for job in jobs:
+        counts[job.label] = counts.get(job.label, 0) + 1
+    for job in jobs:
+        if counts[job.label] > 1:
+            job.label = f"#{job.num} {job.label}"
+
+
+# ---------------------------------------------------------------------------------------------------- drawing
+
+
+def _why_no_metric(job: _Job) -> str:
+    return job.status if job.status != "COMPLETED" else "no metric"
+
+
+def _mark_failed(ax: "Axes", x: float, job: _Job) -> None:
+    """A job without a metric: a red x at the bottom of the panel, with its status, not a missing point."""
+    transform = ax.get_xaxis_transform()  # x in data, y in axes: at the bottom whatever the metric's range
+    ax.plot([x], [_FAILED_Y], linestyle="none", marker="x", markersize=9, color="tab:red",
+            transform=transform, clip_on=False, label=job.label)
+    ax.annotate(_why_no_metric(job), (x, _FAILED_Y), xycoords=transform, xytext=(0, 7),
+                textcoords="offset points", ha="center", fontsize=7, color="tab:red")
+
+
+def _groups(jobs: Sequence[_Job], others: Sequence[str]) -> Dict[str, List[_Job]]:
+    """Jobs by their values of the other swept parameters: one series each, so a grid sweep does not zigzag.
+    Where no series would join two values (parameters swept together, not as a grid), all are one series."""
+    groups: Dict[str, List[_Job]] = {}
+    for job in jobs:
+        groups.setdefault(_series(job, others), []).append(job)
+    joined = any(sum(job.metric is not None for job in members) > 1 for members in groups.values())
+    return groups if joined else {"": list(jobs)}
+
+
+def _series(job: _Job, others: Sequence[str]) -> str:
+    return " ".join(_typed(key, job.params[key]) if key in job.params else f"{key}=(unset)" for key in others)
+
+
+def _numeric_panel(ax: "Axes", jobs: Sequence[_Job], param: str, others: Sequence[str]) -> None:
+    """A line per series through its jobs sorted by the parameter's value; a marker per job."""
+    x_of = lambda job: float(job.params[param])  # noqa: E731 (checked numeric by the caller)
+    groups = _groups(jobs, others)
+    for index, (name, members) in enumerate(groups.items()):
+        done = sorted((job for job in members if job.metric is not None), key=x_of)
+        ax.plot([x_of(job) for job in done], [job.metric for job in done], "-", color=_color(index),
+                label=name or "_series")
+        for job in done:
+            ax.plot([x_of(job)], [job.metric], linestyle="none", marker="o", color=_color(index),
+                    label=job.label)
+            if len(groups) == 1:  # several series: the values would overlap
+                ax.annotate(f"{job.metric:.4g}", (x_of(job), job.metric), xytext=(0, 6),
+                            textcoords="offset points", ha="center", fontsize=7)
+        for job in members:
+            if job.metric is None:
+                _mark_failed(ax, x_of(job), job)
+    typed = {x_of(job): job.params[param] for job in jobs}
+    ticks = sorted(typed)
+    if ticks[0] > 0 and ticks[-1] / ticks[0] >= 100:  # lr=1e-4,1e-3,1e-2: evenly spaced on a log axis
+        ax.set_xscale("log")
+    if len(ticks) <= 12:  # the swept values themselves, as typed
+        ax.set_xticks(ticks, [typed[t] for t in ticks])
+        ax.minorticks_off()
+    ax.margins(y=0.2)  # room for the value labels above and the failed jobs' row below the lowest point
+    if len(groups) > 1:
+        _legend(ax, [line for line in ax.get_lines() if line.get_label() in groups])
+
+
+def _bar_panel(ax: "Axes", jobs: Sequence[_Job], categories: Dict[str, List[_Job]],
+               others: Sequence[str]) -> None:
+    """One bar per job, side by side within its category, coloured by its series (the other swept values)."""
+    groups = _groups(jobs, others)
+    color = {id(job): _color(index) for index, members in enumerate(groups.values()) for job in members}
+    width = 0.8 / max(len(members) for members in categories.values())
+    for position, members in enumerate(categories.values()):
+        for slot, job in enumerate(members):
+            x = position + (slot - (len(members) - 1) / 2) * width
+            if job.metric is None:
+                _mark_failed(ax, x, job)
+                continue
+            bars = ax.bar([x], [job.metric], width=width * 0.9, color=color[id(job)], label=job.label)
+            if len(members) <= 4:  # narrower bars: the values would overlap
+                ax.bar_label(bars, fmt="%.4g", fontsize=7)
+    ax.set_xticks(range(len(categories)), list(categories))
+    ax.set_xlim(-0.6, len(categories) - 0.4)
+    if len(groups) > 1:
+        from matplotlib.patches import Patch
+
+        _legend(ax, [Patch(color=_color(index), label=name) for index, name in enumerate(groups)])
+
+
+def _metric_panel(ax: "Axes", jobs: Sequence[_Job], param: Optional[str], swept: Sequence[str],
+                  metric: str) -> None:
+    others = [key for key in swept if key != param]
+    if param is None:  # nothing swept: the job's value (or each job's, if several share their overrides)
+        _bar_panel(ax, jobs, {job.label: [job] for job in jobs}, others)
+        ax.set_title(f"{metric} ({len(jobs)} job{'s' if len(jobs) > 1 else ''})")
+        ax.set_xlabel("job")
+    elif all(_parse(job.params.get(param)) is not None for job in jobs):
+        _numeric_panel(ax, jobs, param, others)
+        ax.set_title(f"{metric} vs {param}")
+        ax.set_xlabel(param)
+    else:
+        categories: Dict[str, List[_Job]] = {}
+        for job in jobs:
+            value = job.params.get(param, "(unset)")
+            categories.setdefault(value or _typed(param, value), []).append(job)  # "": show "~key" or "key="
+        _bar_panel(ax, jobs, categories, others)
+        ax.set_title(f"{metric} vs {param}")
+        ax.set_xlabel(param)
+    ax.set_ylabel(metric)
+    if all(job.metric is None for job in jobs):
+        ax.set_yticks([])
+    ax.grid(True, axis="y", alpha=0.3)
+
+
+def _curves_panel(ax: "Axes", jobs: Sequence[_Job]) -> None:
+    for index, job in enumerate(jobs):
+        color = _color(index)
+        if not job.curves:
+            continue
+        train, val = job.curves.get("train_loss"), job.curves.get("val_loss")
+        if train:
+            ax.plot(*train, "-", color=color, linewidth=1.2, label=job.label)
+        if val:  # the legend names the job once; a val-only job is named by its markers
+            ax.plot(*val, linestyle="none", marker="o", markersize=5, color=color,
+                    label=f"_{job.label} val_loss" if train else job.label)
+    ax.set_title("training curves: train_loss (line), val_loss (o)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.grid(True, alpha=0.3)
+    _legend(ax, [line for line in ax.get_lines() if not line.get_label().startswith("_")])
+
+
+def _legend(ax: "Axes", handles: List[Any]) -> None:
+    """Below the panel's x label, where it hides no data; the constrained layout makes room for it."""
+    if handles:  # borderaxespad is in font sizes: 5 x 7 pt clears the tick labels and the x label
+        ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0), borderaxespad=5,
+                  ncols=2 if len(handles) > 6 else 1, frameon=False)
+
+
+def _color(index: int) -> str:
+    return f"C{index % 10}"  # matplotlib's default cycle
+
+
+def sweep_figure(sweep_dir: Path) -> Optional["Figure"]:
+    """The sweep's figure: a metric panel per swept parameter (one if nothing is swept) and a panel of
+    training curves when any job wrote metrics.csv. None when no job has a readable result.json."""
+    sweep_dir = Path(sweep_dir)
+    jobs, metric = _load(sweep_dir)
+    if not jobs:
+        return None
+    swept = _swept(jobs)
+    _label_jobs(jobs, swept)
+    panels: List[Optional[str]] = list(swept) or [None]
+    with_curves = any(job.curves for job in jobs)
+    count = len(panels) + with_curves
+    cols = min(count, 3)
+    rows = math.ceil(count / cols)
+
+    from matplotlib.figure import Figure
+
+    legend_rows = math.ceil(len(jobs) / 2) if len(jobs) > 6 else len(jobs)  # the longest legend: one per job
+    size = (max(5.2 * cols, 7.0), (4.0 + 0.15 * legend_rows) * rows + 0.4)  # inches
+    fig = Figure(figsize=size, layout="constrained")
+    axes = list(fig.subplots(rows, cols, squeeze=False).flat)
+    for ax in axes[count:]:  # the grid's spare cells
+        fig.delaxes(ax)
+    for ax, param in zip(axes, panels):
+        _metric_panel(ax, jobs, param, swept, metric)
+    if with_curves:
+        _curves_panel(axes[len(panels)], jobs)
+    statuses: Dict[str, int] = {}
+    for job in jobs:
+        statuses[job.status] = statuses.get(job.status, 0) + 1
+    counts = ", ".join(f"{count} {status}" for status, count in sorted(statuses.items()))
+    fig.suptitle(f"mmt sweep {sweep_dir.name}: {len(jobs)} job{'s' if len(jobs) > 1 else ''} ({counts})")
+    return fig
+
+
+def write_sweep_plot(sweep_dir: Path) -> Optional[Path]:
+    """Draw the sweep's figure into ``<sweep dir>/summary.png`` (replaced atomically: a reader sees the old
+    plot or the new one) and return its path; None when there is nothing to plot. Unreadable inputs are
+    skipped; only a failure to write the file raises (OSError): the caller reports it as for summary.csv."""
+    sweep_dir = Path(sweep_dir)
+    fig = sweep_figure(sweep_dir)
+    if fig is None:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)  # attaches itself to the figure: renders without pyplot or a global backend
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    fig.clear()  # a Figure not made by pyplot is registered nowhere: clearing it is all the closing it needs
+    target = sweep_dir / PLOT
+    tmp = sweep_dir / f".{PLOT}.{os.getpid()}.{secrets.token_hex(4)}"  # same dir: os.replace stays atomic
+    try:
+        # 0o666 less the umask, like the sweep's other files (mkstemp's 0600 would need a chmod)
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as handle:
+            handle.write(buffer.getvalue())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target

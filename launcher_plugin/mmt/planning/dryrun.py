@@ -1,0 +1,103 @@
+"""Render a job plan as text: what ``hydra.launcher.dry_run=true`` prints instead of starting anything."""
+
+from typing import Dict, List
+
+from mmt.planning.environment import Rendezvous, process_env
+from mmt.planning.plan import JobPlan
+from mmt.planning.redact import MASK, masked_overrides
+
+PORT_PLACEHOLDER = "<set at start: a free port here, derived from the job id on SLURM>"
+# a dry run lists every process of a small job; of a large one, the first and the last few
+SHOWN_HEAD, SHOWN_TAIL = 16, 2
+
+
+def _machine_line(plan: JobPlan) -> str:
+    m = plan.machine
+    parts = [m.name]
+    if m.gpus:
+        parts.append(f"{m.gpus}x {m.gpu_type or 'GPU'}" + (f" {m.gpu_memory_gb:g} GiB" if m.gpu_memory_gb else ""))
+    if m.cpus:
+        parts.append(f"{m.cpus} vCPU")
+    if m.memory_gb:
+        parts.append(f"{m.memory_gb:g} GiB RAM")
+    if m.instance_type:
+        parts.append(f"({m.instance_type})")
+    line = " ".join(parts[:1]) + (": " + ", ".join(parts[1:]) if parts[1:] else "")
+    return line + (" [legacy: Lightning no longer offers it]" if m.legacy else "")
+
+
+def _cost_lines(plan: JobPlan) -> List[str]:
+    hours = plan.timeout_s / 3600.0
+    price = plan.machine.price_per_hour
+    if price is None:
+        return [f"  cost       unknown: no price for machine {plan.machine.name!r}"]
+    return [
+        f"  cost       ${price:.2f}/h per node x {plan.num_nodes:,} nodes x {hours:g} h time limit "
+        f"= ${plan.cost_estimate():,.2f} (upper bound, on-demand list price estimate)",
+        f"  price      {plan.machine.price_source or 'source not recorded'}",
+    ]
+
+
+def _shown_indices(count: int) -> List[int]:
+    if count <= SHOWN_HEAD + SHOWN_TAIL:
+        return list(range(count))
+    return list(range(SHOWN_HEAD)) + list(range(count - SHOWN_TAIL, count))
+
+
+def _env_lines(plan: JobPlan) -> List[str]:
+    """The contract every process gets: shared values once, then each process's own values."""
+    rendezvous = Rendezvous(master_addr="$MASTER_ADDR", master_port=0)
+    copied = {name: MASK for name in plan.env_from}
+    shown = _shown_indices(plan.process_count)
+
+    def env_of(index: int) -> Dict[str, str]:
+        env = process_env(plan, plan.place(index), rendezvous=rendezvous, inherited={}, copied=copied,
+                          cores_per_node=0, python=None)
+        for name in ("OMP_NUM_THREADS", *plan.secret_names):
+            env.pop(name, None)
+        return env
+
+    envs = {index: env_of(index) for index in shown}
+    first = envs[shown[0]]
+    shared = {k: v for k, v in first.items() if all(e.get(k) == v for e in envs.values())}
+    shared.pop("MASTER_ADDR", None)
+    shared["MASTER_PORT"] = PORT_PLACEHOLDER
+    lines = ["  env (all)  " + " ".join(f"{k}={v}" for k, v in sorted(shared.items()))]
+    if plan.secret_names:
+        lines.append("  env (user) " + " ".join(f"{k}={MASK}" for k in sorted(plan.secret_names))
+                     + "   (values are never shown)")
+    who = "node" if plan.per_node else "rank"
+    for position, index in enumerate(shown):
+        if position and shown[position - 1] != index - 1:
+            lines.append(f"  ...        {index - shown[position - 1] - 1:,} more {who}s")
+        own = " ".join(f"{k}={v}" for k, v in sorted(envs[index].items()) if k not in shared and k != "MASTER_ADDR")
+        lines.append(f"  {who} {index:<5}{own}")
+    return lines
+
+
+def _no_batch(plan: JobPlan) -> str:
+    if plan.command is not None:
+        return "(none: a command chooses its own batch size)"
+    return "(none: the recipe states no batch.global_size)"
+
+
+def render(plan: JobPlan, backend_lines: List[str]) -> str:
+    if plan.command is None:
+        runs = "the task function on every rank"
+    else:
+        runs = f"{plan.command!r} " + ("once per node (it starts the node's ranks)" if plan.per_node
+                                       else "once per rank")
+    lines = [
+        f"{plan.label} ({plan.name}): {' '.join(masked_overrides(plan.overrides, plan.secret_names)) or '(no overrides)'}",
+        f"  topology   {plan.num_nodes:,} nodes x {plan.devices:,} devices = {plan.world_size:,} ranks",
+        f"  machine    {_machine_line(plan)}",
+        f"  image      {plan.image or '(none: this environment)'}",
+        f"  runs       {runs}",
+        f"  batch      {plan.batch.describe() if plan.batch else _no_batch(plan)}",
+        f"  time limit {plan.timeout_s / 60:g} min",
+        f"  job dir    {plan.job_dir}",
+        *backend_lines,
+        *_cost_lines(plan),
+        *_env_lines(plan),
+    ]
+    return "\n".join(lines)

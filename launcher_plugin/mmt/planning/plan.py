@@ -1,0 +1,198 @@
+"""Plan a job: a pure function from one job's composed launcher config to a frozen, validated ``JobPlan``.
+
+Backends only execute plans; the dry run only renders them (plan, then submit).
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from omegaconf import DictConfig, OmegaConf
+
+from mmt.errors import ConfigError
+from mmt.planning import validate as check
+from mmt.planning.batch import BatchPlan, plan_batch
+from mmt.planning.machine import Machine, machine_from_config
+from mmt.rank_env import RankPlace, topology_hints
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one backend can run: a job beyond these is refused before a single rank is planned."""
+
+    max_nodes: int
+    max_devices: int
+    max_world: int
+    why: str
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything needed to start one job, decided before anything starts."""
+
+    num: int
+    # the job's name in the registry (`mmt list`, `mmt logs NAME`); unique
+    name: str
+    # unique per launch: MMT_JOB_ID, and how every process of the job is found again
+    job_id: str
+    overrides: Tuple[str, ...]
+    job_dir: str
+    num_nodes: int
+    devices: int
+    machine: Machine
+    image: Optional[str]
+    command: Optional[str]
+    command_mode: str
+    # the user's variables (values are never printed) and the names copied from the launcher's environment
+    env: Mapping[str, str]
+    timeout_s: float
+    dry_run: bool = False
+    env_from: Tuple[str, ...] = ()
+    summary_metric: Optional[str] = None
+    preload: Tuple[str, ...] = field(default_factory=tuple)
+    # the recipe's global batch split over this job's ranks; None without batch.global_size, and for commands
+    batch: Optional[BatchPlan] = None
+    # optimizer steps the recipe will take, for progress and ETA (null: unknown)
+    max_steps: Optional[int] = None
+    # seconds between machine-metrics samples of each node; 0 = none
+    metrics_interval_s: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"job {self.num}"
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.devices
+
+    @property
+    def per_node(self) -> bool:
+        """True when a command runs once per node and starts the node's ranks itself."""
+        return self.command is not None and self.command_mode == "per_node"
+
+    @property
+    def processes_per_node(self) -> int:
+        """Processes the launcher starts per node: one in per-node command mode, else one per device."""
+        return 1 if self.per_node else self.devices
+
+    @property
+    def process_count(self) -> int:
+        return self.num_nodes * self.processes_per_node
+
+    @property
+    def secret_names(self) -> Tuple[str, ...]:
+        """Every variable whose value mmt hides: the user's env and the copied names."""
+        return tuple(self.env) + self.env_from
+
+    def extra_env(self) -> Dict[str, str]:
+        """What every process gets on top of the rank contract.
+
+        The batch plan; and for a command run per rank, the topology in Lightning's names, so that a Trainer or
+        Fabric script that hard-codes nothing sees the whole world (per-node commands get it from the contract).
+        """
+        env = self.batch.env() if self.batch is not None else {}
+        if self.command is not None and self.command_mode == "per_rank":
+            env.update(topology_hints(self.num_nodes, self.devices))
+        return env
+
+    def place(self, index: int) -> RankPlace:
+        """Process ``index`` (the global rank; per-node mode: the node) as a place in the job."""
+        node, local = divmod(index, self.processes_per_node)
+        return RankPlace(node_rank=node, local_rank=local, num_nodes=self.num_nodes, local_world_size=self.devices)
+
+    def places(self) -> List[RankPlace]:
+        """The processes the launcher starts, in rank order (per-node mode: local_rank 0 stands for the node)."""
+        return [self.place(index) for index in range(self.process_count)]
+
+    def node_indices(self, node_rank: int) -> range:
+        """The process indices that run on node ``node_rank``."""
+        return range(node_rank * self.processes_per_node, (node_rank + 1) * self.processes_per_node)
+
+    def describe_place(self, place: RankPlace) -> str:
+        return f"node {place.node_rank}" if self.per_node else f"rank {place.rank} (node {place.node_rank})"
+
+    def cost_estimate(self) -> Optional[float]:
+        """Upper bound in USD: nodes x price per node-hour x time limit; None when the price is unknown."""
+        if self.machine.price_per_hour is None:
+            return None
+        return self.num_nodes * self.machine.price_per_hour * self.timeout_s / 3600.0
+
+
+def _devices(value: Any, machine: Machine) -> int:
+    if value is None:
+        return machine.default_devices
+    devices = check.whole_number("devices", value, 1, "processes per node, e.g. devices=2")
+    if machine.gpus and devices > machine.gpus:
+        raise ConfigError(
+            "devices", devices, f"machine {machine.name!r} has {machine.gpus} GPUs per node",
+            f"use devices<={machine.gpus} and more nodes (num_nodes=...), or a larger machine",
+        )
+    return devices
+
+
+def _within(limits: Limits, num_nodes: int, devices: int) -> None:
+    if num_nodes > limits.max_nodes:
+        raise ConfigError("num_nodes", num_nodes, f"at most {limits.max_nodes:,} nodes per job ({limits.why})",
+                          "use fewer nodes, or another cluster")
+    if devices > limits.max_devices:
+        raise ConfigError("devices", devices, f"at most {limits.max_devices:,} processes per node ({limits.why})",
+                          "use fewer devices per node")
+    if num_nodes * devices > limits.max_world:
+        raise ConfigError("num_nodes", num_nodes, f"{num_nodes:,} nodes x {devices:,} devices is more than the "
+                          f"{limits.max_world:,} processes per job this backend runs ({limits.why})",
+                          "use fewer nodes or devices, or cluster=slurm")
+
+
+def plan_job(launcher_cfg: DictConfig, *, num: int, name: str, job_id: str, overrides: List[str], job_dir: str,
+             limits: Limits, launcher_env: Mapping[str, str]) -> JobPlan:
+    """Validate one job's values (``hydra.launcher`` of its composed config) into a ``JobPlan``.
+
+    ``launcher_env``: the launcher's own environment, where ``env_from`` names are looked up.
+    """
+    job_dir = check.one_line("hydra.sweep.dir", job_dir, "choose a sweep dir without a newline")
+    machine = machine_from_config(launcher_cfg.machine)
+    command = launcher_cfg.command
+    if command is not None and (not isinstance(command, str) or not command.strip()):
+        raise ConfigError("command", command, "expected a non-empty shell command, or null to run the recipe",
+                          "e.g. command='python my_script.py --epochs 2'")
+    num_nodes = check.whole_number("num_nodes", launcher_cfg.num_nodes, 1, "nodes per job, e.g. num_nodes=2")
+    devices = _devices(launcher_cfg.devices, machine)
+    _within(limits, num_nodes, devices)  # before anything is planned per rank
+    preload = OmegaConf.select(launcher_cfg, "preload", default=None)
+    max_steps = OmegaConf.select(launcher_cfg, "max_steps", default=None)
+    interval = OmegaConf.select(launcher_cfg, "metrics_interval_s", default=0.0) or 0.0
+    if interval:
+        interval = check.positive_number("hydra.launcher.metrics_interval_s", interval,
+                                         "seconds between samples, >= 0.1, or 0 for none", maximum=3600)
+        if interval < 0.1:
+            raise ConfigError("hydra.launcher.metrics_interval_s", interval, "expected 0 (off) or at least 0.1 s",
+                              "e.g. hydra.launcher.metrics_interval_s=1")
+    return JobPlan(
+        num=num,
+        name=name,
+        job_id=job_id,
+        overrides=tuple(overrides),
+        job_dir=job_dir,
+        num_nodes=num_nodes,
+        devices=devices,
+        machine=machine,
+        image=check.optional_text("image", launcher_cfg.image, "a container image name",
+                                  "e.g. image=nvcr.io/nvidia/pytorch:24.05-py3"),
+        command=command,
+        command_mode=check.choice("command_mode", launcher_cfg.command_mode, check.COMMAND_MODES),
+        env=check.env_vars("env", launcher_cfg.env),
+        env_from=tuple(check.env_names("hydra.launcher.env_from", OmegaConf.select(launcher_cfg, "env_from"),
+                                       launcher_env)),
+        timeout_s=60.0 * check.positive_number("hydra.launcher.timeout_min", launcher_cfg.timeout_min,
+                                               "minutes per job, e.g. hydra.launcher.timeout_min=30",
+                                               maximum=check.MAX_TIMEOUT_MIN),
+        dry_run=bool(launcher_cfg.dry_run),
+        summary_metric=launcher_cfg.summary_metric,
+        # a command starts its own interpreters: preloading the recipe's modules would only delay it
+        preload=tuple(OmegaConf.to_container(preload)) if preload is not None and command is None else (),
+        # the batch section belongs to the recipe; a command replaces the recipe
+        batch=None if command is not None else plan_batch(OmegaConf.select(launcher_cfg, "batch", default=None),
+                                                          machine=machine, num_nodes=num_nodes, devices=devices),
+        max_steps=max_steps if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0
+        else None,
+        metrics_interval_s=float(interval),
+    )

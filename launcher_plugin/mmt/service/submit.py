@@ -1,0 +1,157 @@
+"""Running one command job the way Lightning's ``lightning mmt run`` / ``Job.run`` do, for the ``mmt`` CLI and the SDK.
+
+The job's config is composed with Hydra from the config shipped with mmt (``mmt/conf/run.yaml``: the machine
+catalogue, the cluster settings, and the project's own ``conf/`` when there is one, for site clusters), then goes
+through the same planning, validation, dry run, engine and backends as a Hydra app's ``python train.py -m``.
+"""
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from mmt.errors import ConfigError
+from mmt.launching import engine, hydra_jobs
+from mmt.launching.console import Console
+from mmt.planning import dryrun
+from mmt.planning.machine import canonical_name
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def no_task(_cfg: Any) -> None:
+    """The task function of a command job (the command replaces it; Hydra's run_job still wants one)."""
+
+
+@dataclass
+class RunSpec:
+    """One command job, in Lightning's terms where they apply."""
+
+    command: str
+    name: Optional[str] = None
+    num_machines: int = 1
+    machine: str = "cpu"
+    image: Optional[str] = None
+    env: Dict[str, str] = field(default_factory=dict)
+    env_from: List[str] = field(default_factory=list)
+    cluster: str = "local"
+    devices: Optional[int] = None
+    command_mode: str = "per_node"
+    timeout_min: Optional[float] = None
+    dry_run: bool = False
+    detach: bool = False
+    # more Hydra overrides (site settings: hydra.launcher.partition=gpu ...)
+    overrides: List[str] = field(default_factory=list)
+
+
+def default_name() -> str:
+    """Lightning's default (``mmt-<Mon-DD-HH_MM>``), made unique: several runs can start in one minute."""
+    return time.strftime("mmt-%b-%d-%H_%M-") + os.urandom(2).hex()
+
+
+def _quote(value: str) -> str:
+    """A value as one Hydra override token (quotes and backslashes escaped)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _overrides(spec: RunSpec, name: str) -> List[str]:
+    overrides = [f"machine={canonical_name(spec.machine)}", f"cluster={spec.cluster}",
+                 f"num_nodes={spec.num_machines}", f"command={_quote(spec.command)}",
+                 f"command_mode={spec.command_mode}", f"hydra.launcher.name={name}"]
+    if spec.devices is not None:
+        overrides.append(f"devices={spec.devices}")
+    if spec.image is not None:
+        overrides.append(f"image={_quote(spec.image)}")
+    if spec.timeout_min is not None:
+        overrides.append(f"hydra.launcher.timeout_min={spec.timeout_min}")
+    if spec.env_from:
+        overrides.append("hydra.launcher.env_from=[" + ",".join(spec.env_from) + "]")
+    if spec.dry_run:
+        overrides.append("hydra.launcher.dry_run=true")
+    return overrides + list(spec.overrides)
+
+
+def _compose(spec: RunSpec, name: str) -> Tuple[Any, Any, Any]:
+    """(hydra context, master config, backend kind) for the job, composed like Hydra's multirun does."""
+    from hydra import compose, initialize_config_module
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import HydraContext
+    from omegaconf import open_dict
+
+    GlobalHydra.instance().clear()
+    initialize_config_module(config_module="mmt.conf", version_base="1.3", job_name="mmt")
+    overrides = _overrides(spec, name)
+    project = Path.cwd() / "conf"
+    if (project / "cluster").is_dir() or (project / "machine").is_dir():
+        overrides.append(f"hydra.searchpath=[file://{project}]")  # the project's site clusters and machines
+    master = compose(config_name="run", overrides=overrides, return_hydra_config=True)
+    with open_dict(master):
+        master.hydra.runtime.cwd = os.getcwd()
+    HydraConfig.instance().set_config(master)
+    context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=Callbacks(master))
+    kind = "slurm" if master.hydra.launcher._target_.endswith("MMTSlurmLauncher") else "local"
+    return context, master, kind
+
+
+def _with_env(env: Dict[str, str]) -> Any:
+    """Set the job's env in its composed config: values as given (any character, no override grammar), kept
+    literal (OmegaConf would read ``${...}`` as an interpolation)."""
+    from omegaconf import open_dict
+
+    def amend(config: Any) -> None:
+        with open_dict(config):
+            config.env = {key: str(value).replace("${", "\\${") for key, value in env.items()}
+
+    return amend
+
+
+def _check(spec: RunSpec) -> None:
+    if not isinstance(spec.command, str) or not spec.command.strip():
+        raise ConfigError("command", spec.command, "expected a shell command", "e.g. --command 'python train.py'")
+    for key in spec.env:
+        if not isinstance(key, str) or not _ENV_NAME.match(key):
+            raise ConfigError(f"env.{key}", "***", "environment variable names are letters, digits and _",
+                              "e.g. -e MY_FLAG=1")
+    if spec.name is not None:
+        hydra_jobs.check_name("name", spec.name)
+
+
+def run(spec: RunSpec, console: Optional[Console] = None) -> Union[engine.LaunchReport, List[engine.Submitted], str]:
+    """Plan and start the job: a dry run's text, the submitted job (detached), or the report of the attached run."""
+    _check(spec)
+    name = spec.name or default_name()
+    context, master, kind = _compose(spec, name)
+    backend = hydra_jobs.make_backend(kind, master.hydra.launcher)
+    try:
+        job = hydra_jobs.prepare_job(hydra_context=context, master=master, task_function=no_task, backend=backend,
+                                     overrides=list(master.hydra.overrides.task), num=0, name=name,
+                                     amend=_with_env(spec.env))
+        plan = job.prepared.plan
+        if plan.dry_run:
+            return dryrun.render(plan, backend.describe(plan))
+        options = engine.LaunchOptions(sweep_dir=Path(str(master.hydra.sweep.dir)).absolute(),
+                                       registry=hydra_jobs.open_registry())
+        if spec.detach:
+            return hydra_jobs.detached_submit([job.prepared], backend, options)
+        console = console or Console()
+        page = hydra_jobs.start_dashboard(master.hydra.launcher, options.sweep_dir, console)
+        try:
+            return engine.launch([job.prepared], backend, options, console)
+        finally:
+            if page is not None:
+                page.close()
+            console.close()
+    finally:
+        backend.close()
+
+
+def exit_code(report: engine.LaunchReport) -> int:
+    """An attached run's exit status: 0 when every job completed, 128+signal when interrupted, else 1."""
+    if report.interrupted_by is not None and not report.detached:
+        return 128 + report.interrupted_by
+    return 0 if report.jobs and all(j.outcome.status.value == "COMPLETED" for j in report.jobs) else 1
+

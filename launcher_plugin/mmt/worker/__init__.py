@@ -1,0 +1,1 @@
+"""What runs inside every process the agent starts: one rank (the task function) or one command."""

@@ -1,0 +1,114 @@
+"""What mmt knows about the process it started, applied before the user's code runs.
+
+* **Topology.** A framework that initialises the process group with another world than the plan's (a Trainer whose
+  ``num_nodes`` is not wired to mmt's) would wait in rendezvous for ranks that never come, until the time limit.
+  ``torch.distributed.init_process_group`` is wrapped so that a ``world_size`` or ``rank`` other than the contract's
+  fails at once, naming both values and the fix.
+* **Warnings that are wrong here.** Lightning warns that "the ``srun`` command is available but is not used" on
+  any host with SLURM installed (mmt started the ranks itself, or ran them through srun), and that the job dir
+  "exists and is not empty" when its CSV logger writes into it (mmt made that dir; the logger appends). Warnings
+  the user's own code causes are left alone.
+"""
+
+import importlib.abc
+import importlib.util
+import os
+import re
+import sys
+import warnings
+from typing import Any, Callable, Optional
+
+from mmt.planning.environment import NOT_EMPTY_WARNING, SRUN_WARNING
+from mmt.planning.plan import JobPlan
+from mmt.rank_env import MMT_JOB_DIR, RANK, WORLD_SIZE
+
+_DISTRIBUTED = "torch.distributed"
+
+
+class TopologyMismatchError(RuntimeError):
+    """The framework asked torch.distributed for another world than the one mmt started."""
+
+
+def _wiring_hint(plan: JobPlan) -> str:
+    return (f"HINT: wire the framework's topology to mmt's, e.g. in YAML trainer.num_nodes=${{num_nodes}} "
+            f"trainer.devices=${{devices}} (or Trainer(num_nodes={plan.num_nodes}, devices={plan.devices}) from "
+            "mmt.RankInfo.from_env()); and no ddp_spawn/ddp_fork/ddp_notebook strategy: mmt starts the ranks")
+
+
+def check_topology(plan: JobPlan, world_size: Any, rank: Any) -> None:
+    expected_world, expected_rank = int(os.environ[WORLD_SIZE]), int(os.environ[RANK])
+    asked_world = None if world_size in (None, -1) else int(world_size)
+    asked_rank = None if rank in (None, -1) else int(rank)
+    if (asked_world is None or asked_world == expected_world) and (asked_rank is None or asked_rank == expected_rank):
+        return
+    raise TopologyMismatchError(
+        f"torch.distributed.init_process_group(world_size={asked_world}, rank={asked_rank}) in a process mmt "
+        f"started as rank {expected_rank} of WORLD_SIZE={expected_world} ({plan.num_nodes} nodes x "
+        f"{plan.devices} devices): the framework was given another topology than the job's, and its process "
+        f"group would wait for ranks that never come. {_wiring_hint(plan)}")
+
+
+def _wrap_init(module: Any, plan: JobPlan) -> None:
+    original = module.init_process_group
+    if getattr(original, "_mmt_checked", False):
+        return
+
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        world_size = kwargs.get("world_size", args[3] if len(args) > 3 else None)
+        rank = kwargs.get("rank", args[4] if len(args) > 4 else None)
+        check_topology(plan, world_size, rank)
+        return original(*args, **kwargs)
+
+    init_process_group._mmt_checked = True  # type: ignore[attr-defined]
+    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+    init_process_group.__doc__ = original.__doc__
+    module.init_process_group = init_process_group
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is not None:
+        c10d.init_process_group = init_process_group
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``callback(module)`` once ``name`` has been imported (the module is imported as usual)."""
+
+    def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Optional[importlib.machinery.ModuleSpec]:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, callback = spec.loader.exec_module, self.callback
+
+        def exec_then_call(module: Any) -> None:
+            exec_module(module)
+            callback(module)
+
+        spec.loader.exec_module = exec_then_call  # type: ignore[method-assign]
+        return spec
+
+
+def _guard_topology(plan: JobPlan) -> None:
+    if plan.per_node or RANK not in os.environ:
+        return  # a per-node command starts its own ranks in other interpreters
+    if _DISTRIBUTED in sys.modules:
+        _wrap_init(sys.modules[_DISTRIBUTED], plan)
+    else:
+        sys.meta_path.insert(0, _AfterImport(_DISTRIBUTED, lambda module: _wrap_init(module, plan)))
+
+
+def _quiet_wrong_warnings() -> None:
+    warnings.filterwarnings("ignore", message=re.escape(SRUN_WARNING))
+    job_dir = os.environ.get(MMT_JOB_DIR)
+    if job_dir:
+        prefix, rest = NOT_EMPTY_WARNING.split("{job_dir}")
+        warnings.filterwarnings("ignore", message=re.escape(prefix) + re.escape(job_dir.rstrip("/")) + "/?"
+                                + re.escape(rest))
+
+
+def install(plan: JobPlan) -> None:
+    _guard_topology(plan)
+    _quiet_wrong_warnings()

@@ -1,0 +1,200 @@
+"""One process of a job (a rank, or a node's command): restore Hydra, run the job's task, report.
+
+Runs inside the process the agent started, with the rank contract already in ``os.environ``. Every process runs
+Hydra's ``run_job`` like Hydra's own launchers do; the primary one (rank 0 / node 0) writes the job's ``.hydra/``
+(env values masked, owner-only), the job log and fires the job callbacks; the others run the same task without
+log file or callbacks, so a job dir is written once however many ranks it has. Each process leaves its records in
+the attempt dir (``mmt.jobdir``): an error record if it raised, the primary's return value, and a done marker.
+
+``python -m mmt.worker.main <attempt dir> <process index>`` starts one in a fresh interpreter (start_method=spawn).
+"""
+
+import copy
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from mmt import preemption
+from mmt.jobdir import Attempt, write_atomic
+from mmt.launching.payload import JobPayload, read_payload
+from mmt.worker import guards
+from mmt.worker.command import CommandFailedError, command_task
+
+# exit code of a rank that stopped because its job was requeued: not a failure, not a success
+REQUEUED_EXIT = 75
+
+
+def _without_file_handlers(logging_cfg: Any) -> Any:
+    """The job's logging config minus handlers that write files (only the primary writes the job log)."""
+    if not isinstance(logging_cfg, dict) or not isinstance(logging_cfg.get("handlers"), dict):
+        return logging_cfg
+    file_handlers = {name for name, h in logging_cfg["handlers"].items() if isinstance(h, dict) and "filename" in h}
+    logging_cfg["handlers"] = {k: v for k, v in logging_cfg["handlers"].items() if k not in file_handlers}
+    sections = [logging_cfg.get("root")] + list((logging_cfg.get("loggers") or {}).values())
+    for section in sections:
+        if isinstance(section, dict) and isinstance(section.get("handlers"), list):
+            section["handlers"] = [h for h in section["handlers"] if h not in file_handlers]
+    return logging_cfg
+
+
+def _process_config(config: Any, primary: bool) -> Any:
+    """The config this process runs with: Hydra writes no ``.hydra/`` (the primary writes it, masked), and only
+    the primary logs to the job's log file."""
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    config = copy.deepcopy(config)
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.output_subdir = None
+        if not primary:
+            logging_cfg = OmegaConf.to_container(config.hydra.job_logging, resolve=False)
+            config.hydra.job_logging = _without_file_handlers(logging_cfg)
+    return config
+
+
+def _write_hydra_dir(payload: JobPayload) -> None:
+    """``<job dir>/<output_subdir>/{config,hydra,overrides}.yaml`` as Hydra writes them, with env values masked and
+    readable by the owner only (they may hold what a secret was derived from)."""
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    from mmt.planning.redact import masked_config
+
+    config, plan = payload.config, payload.plan
+    subdir = OmegaConf.select(config, "hydra.output_subdir")
+    if subdir is None:
+        return
+    config = copy.deepcopy(config)
+    with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
+        config.hydra.runtime.output_dir = plan.job_dir
+    names = plan.secret_names
+    whole = masked_config(OmegaConf.to_container(config, resolve=False), names)
+    task = {k: v for k, v in whole.items() if k != "hydra"}
+    files = {"config.yaml": task, "hydra.yaml": {"hydra": whole["hydra"]},
+             "overrides.yaml": whole["hydra"]["overrides"]["task"]}
+    target = Path(plan.job_dir) / str(subdir)
+    for name, content in files.items():
+        write_atomic(target / name, OmegaConf.to_yaml(OmegaConf.create(content)).encode(), private=True)
+
+
+def _apply_thread_count() -> None:
+    # libgomp reads OMP_NUM_THREADS when torch is first imported; a rank forked from a preloading agent
+    # imported it before its environment existed, so apply the contract's value explicitly.
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+
+
+def _close_process_group() -> None:
+    # A gloo process group left open can abort the interpreter's exit ("terminate called without an active
+    # exception", exit 134) after the rank has reported success; Lightning's Trainer leaves it open.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def error_record(exc: BaseException) -> Dict[str, Any]:
+    """What a failed process reports: its root exception in one line, the traceback, a command's exit status."""
+    root = exc
+    while root.__cause__ is not None:  # name the original error, not a wrapper around it
+        root = root.__cause__
+    message = _first_line(str(root))
+    record: Dict[str, Any] = {
+        "exception": f"{type(root).__qualname__}: {message}" if message else type(root).__qualname__,
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+    if isinstance(exc, CommandFailedError):
+        record["exit_code"], record["signal"] = exc.exit_code, exc.signal
+    return record
+
+
+def run(attempt: Attempt, index: int) -> int:
+    """Run process ``index`` of the job whose payload is in ``attempt``; return the exit code."""
+    try:
+        payload = read_payload(attempt)
+    except BaseException as exc:  # an unreadable payload must still be reported, not just crash
+        attempt.write_error(index, error_record(exc))
+        traceback.print_exc()
+        return 1
+
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.singleton import Singleton
+    from hydra.core.utils import JobStatus, run_job, setup_globals
+    from hydra.types import HydraContext
+
+    Singleton.set_state(payload.singleton_state)
+    setup_globals()
+    _apply_thread_count()
+    guards.install(payload.plan)
+    if os.environ.get(preemption.PREEMPTIBLE_VAR) == "1":
+        preemption.install()
+
+    primary = index == 0
+    context = payload.hydra_context
+    if primary:
+        _write_hydra_dir(payload)
+    else:
+        context = HydraContext(config_loader=context.config_loader, callbacks=Callbacks())
+    plan = payload.plan
+    task = payload.task_function if plan.command is None else command_task(plan.command)
+    ret = run_job(hydra_context=context, task_function=task, config=_process_config(payload.config, primary),
+                  job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    failed = ret.status != JobStatus.COMPLETED
+    if failed and isinstance(ret._return_value, preemption.Requeued):
+        print(f"mmt: {ret._return_value}", flush=True)
+        return REQUEUED_EXIT  # the job runs again in place; this attempt reports nothing
+    if failed:
+        error = ret._return_value
+        print("".join(traceback.format_exception(error)), file=sys.stderr, end="")
+        attempt.write_error(index, error_record(error))
+        ret.return_value = None  # the exception travels as text: it may not be picklable
+    if primary:
+        _restore_output_subdir(ret, payload.config)
+        _write_return(attempt, ret)
+    if not failed:  # after a failure a collective may still be pending: never block on it
+        _close_process_group()
+    code = 1 if failed else 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    attempt.write_done(index, code)
+    return code
+
+
+def _restore_output_subdir(ret: Any, config: Any) -> None:
+    """The JobReturn says where ``.hydra/`` is, as Hydra's own launchers' do (this process wrote it itself)."""
+    from omegaconf import open_dict, read_write
+
+    if ret.hydra_cfg is not None:
+        with read_write(ret.hydra_cfg.hydra), open_dict(ret.hydra_cfg.hydra):
+            ret.hydra_cfg.hydra.output_subdir = config.hydra.output_subdir
+
+
+def _write_return(attempt: Attempt, ret: Any) -> None:
+    import cloudpickle
+
+    try:
+        data = cloudpickle.dumps(ret)
+    except Exception as exc:  # an unpicklable return value: keep its text rather than lose the job
+        ret.return_value = f"<unpicklable {type(ret._return_value).__name__}: {exc}> {ret._return_value!r}"
+        data = cloudpickle.dumps(ret)
+    write_atomic(attempt.primary_return, data, private=True)
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    attempt, index = Attempt(Path(args[0])), int(args[1])
+    try:
+        return run(attempt, index)
+    except Exception as exc:  # mmt's own failure around the task: reported like the task's
+        traceback.print_exc()
+        attempt.write_error(index, error_record(exc))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,553 @@
+"""``mmt dashboard``: reading job dirs (mmt.dashboard.data), the JSON API, its refusals (loopback only,
+nothing outside the job dirs), and the live page in a real headless Chromium while a 2 x 2 job runs.
+"""
+
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+with warnings.catch_warnings():  # starlette >= 1.x would rather drive httpx2; httpx is what the tests install
+    warnings.simplefilter("ignore")
+    from starlette.testclient import TestClient
+
+from conftest import REPO, app_command, app_env, run_app
+from mmt.dashboard import data, server
+from mmt.dashboard.app import create_app
+
+SECRET = "root:x:0:0:secret-outside-the-job-dirs"
+
+
+# ---------------------------------------------------------------------------------------------- job dirs
+
+
+def make_job(root: Path, *, result=None, owner=None, logs=None, metrics=None, csv=None, config=None,
+             overrides=None) -> Path:
+    """A job dir as the engine and the recipes leave it."""
+    root.mkdir(parents=True, exist_ok=True)
+    if result is not None:
+        (root / "result.json").write_text(json.dumps(result))
+    if owner is not None:
+        (root / ".mmt").mkdir(mode=0o700, exist_ok=True)
+        (root / ".mmt" / "owner.json").write_text(json.dumps(owner))
+    for name, text in (logs or {}).items():
+        (root / "logs").mkdir(exist_ok=True)
+        (root / "logs" / name).write_text(text)
+    for node, lines in (metrics or {}).items():
+        (root / "metrics").mkdir(exist_ok=True)
+        (root / "metrics" / f"node{node}.jsonl").write_text(lines)
+    if csv is not None:
+        (root / "metrics.csv").write_text(csv)
+    if config is not None or overrides is not None:
+        (root / ".hydra").mkdir(exist_ok=True)
+        (root / ".hydra" / "config.yaml").write_text(json.dumps(config or {}))  # JSON is YAML
+        (root / ".hydra" / "overrides.yaml").write_text(json.dumps(overrides or []))
+    return root
+
+
+def result_record(num, status="COMPLETED", overrides=(), metric=6.3, attempt="a1", **extra):
+    record = {"job": num, "name": f"train-{num}", "attempt": attempt, "overrides": list(overrides),
+              "status": status, "num_nodes": 2, "devices": 2, "world_size": 4, "machine": "cpu",
+              "duration_s": 12.5, "stop_latency_s": None, "scheduler_id": None, "started_at": 1000.0,
+              "ended_at": 1012.5, "summary_metric": "val_loss",
+              "return_value": {"val_loss": metric} if status == "COMPLETED" else None,
+              "failure": None, "error": None}
+    return {**record, **extra}
+
+
+def sample(t, node=0, gpus=None, **extra):
+    record = {"t": t, "node": node, "host": "box", "cpu_percent": 50.0, "mem_used_bytes": 6 << 30,
+              "mem_total_bytes": 16 << 30, "job_cpu_percent": 180.0, "job_rss_bytes": 1 << 30,
+              "job_processes": 2, "net_sent_bytes_per_s": 1e5, "net_recv_bytes_per_s": 2e5,
+              "disk_read_bytes_per_s": 0.0, "disk_write_bytes_per_s": 4e4}
+    if gpus is not None:
+        record["gpus"] = gpus
+    return json.dumps({**record, **extra}) + "\n"
+
+
+FAILURE = {"rank": 1, "node_rank": 0, "exit_code": 1, "signal": None,
+           "exception": "ProbeFault: injected failure on rank 1",
+           "traceback": "Traceback (most recent call last):\n  File \"probe.py\", line 31, in _inject\n"
+                        "recipes.probe.ProbeFault: injected failure on rank 1\n",
+           "log": "/x/logs/node0.rank1.log", "whole_node": False, "missing_result": False}
+
+
+@pytest.fixture
+def outputs(tmp_path) -> Path:
+    """outputs/multirun/<date>/<time>/<job>: a finished sweep of three jobs (one failed) and a running job."""
+    sweep = tmp_path / "outputs" / "multirun" / "2026-12-02" / "10-47-40"
+    for num, lr in enumerate(("0.1", "1.0")):
+        make_job(sweep / str(num), result=result_record(num, overrides=[f"recipe.lr={lr}", "num_nodes=2"],
+                                                         metric=6.0 - num),
+                 logs={"node0.rank0.log": "hello\n"})
+    failed = result_record(2, "FAILED", overrides=["recipe.lr=10", "num_nodes=2"], failure=FAILURE,
+                           error="job 2: rank 1 (node 0) raised ProbeFault")
+    make_job(sweep / "2", result=failed,
+             logs={"node0.rank0.log": "", "node0.rank1.log": "boom\n"})
+    running = tmp_path / "outputs" / "multirun" / "2026-12-02" / "11-00-00" / "0"
+    make_job(running, owner={"attempt": "a2", "name": "train-run", "backend": "local", "job_id": 0,
+                             "host": "box", "pid": 1, "started": time.time() - 5},
+             logs={f"node{n}.rank{r}.log": "" for n in range(2) for r in (2 * n, 2 * n + 1)},
+             config={"num_nodes": 2, "devices": None, "machine": {"name": "cpu", "gpus": 0}},
+             overrides=["num_nodes=2"])
+    return tmp_path / "outputs"
+
+
+def client_for(*roots, **kwargs) -> TestClient:
+    return TestClient(create_app(list(roots), **kwargs), base_url="http://127.0.0.1")
+
+
+def job_id(path: Path) -> str:
+    return data.opaque_id(path.resolve())
+
+
+# ------------------------------------------------------------------------------------------------- data.py
+
+
+def test_discovery_finds_job_dirs_under_a_parent_a_sweep_or_a_job_and_groups_them_by_sweep(outputs, tmp_path):
+    sweep = outputs / "multirun" / "2026-12-02" / "10-47-40"
+    found = data.discover([outputs])
+    assert [p.relative_to(outputs.resolve()).as_posix() for p in found] == [
+        "multirun/2026-12-02/10-47-40/0", "multirun/2026-12-02/10-47-40/1", "multirun/2026-12-02/10-47-40/2",
+        "multirun/2026-12-02/11-00-00/0"]
+    assert data.discover([sweep]) == found[:3]
+    assert data.discover([sweep / "1"]) == [found[1]]
+    # too deep, hidden (.submitit), or behind a symlinked dir: not searched
+    make_job(outputs / "a" / "b" / "c" / "d" / "e" / "0", result=result_record(0))
+    make_job(sweep / ".submitit" / "0", result=result_record(0))
+    elsewhere = make_job(tmp_path / "elsewhere" / "0", result=result_record(0))
+    (outputs / "link").symlink_to(elsewhere.parent)
+    assert data.discover([outputs]) == found
+    # the registry's job dirs come in as they are
+    assert data.discover([outputs], [elsewhere]) == sorted(found + [elsewhere.resolve()], key=data._job_order)
+
+    groups = data.sweeps({data.opaque_id(p): p for p in found})
+    assert [(g["path"], [j["num"] for j in g["jobs"]]) for g in groups] == [
+        (str(sweep.resolve()), ["0", "1", "2"]), (str(found[3].parent), ["0"])]
+    assert groups[0]["counts"] == {"COMPLETED": 2, "FAILED": 1}
+
+
+def test_status_topology_and_metric_of_running_and_finished_jobs(outputs, tmp_path):
+    sweep = outputs / "multirun" / "2026-12-02" / "10-47-40"
+    done = data.job_summary("x", sweep.resolve() / "0")
+    assert (done["status"], done["num_nodes"], done["devices"], done["machine"]) == ("COMPLETED", 2, 2, "cpu")
+    assert (done["duration_s"], done["metric_name"], done["metric"]) == (12.5, "val_loss", 6.0)
+    assert done["overrides"] == ["recipe.lr=0.1", "num_nodes=2"]
+
+    running = data.job_summary("x", (outputs / "multirun" / "2026-12-02" / "11-00-00" / "0").resolve())
+    # topology of a running job: its composed config and its log names (devices=null: from the 4 rank logs)
+    assert (running["status"], running["num_nodes"], running["devices"], running["machine"]) == \
+        ("RUNNING", 2, 2, "cpu")
+    assert 4 <= running["duration_s"] < 60 and running["metric"] is None and running["name"] == "train-run"
+    assert running["overrides"] == ["num_nodes=2"]
+
+    # a result of an older attempt under a live owner: running again (a requeued job); same attempt: finished
+    job = make_job(tmp_path / "s" / "0", result=result_record(0, attempt="old"),
+                   owner={"attempt": "new", "started": time.time()})
+    assert data.job_summary("x", job)["status"] == "RUNNING"
+    (job / ".mmt" / "owner.json").write_text(json.dumps({"attempt": "old"}))
+    assert data.job_summary("x", job)["status"] == "COMPLETED"
+    never_started = make_job(tmp_path / "s" / "1", logs={"node0.log": ""})
+    assert data.job_summary("x", never_started)["status"] == "PENDING"
+    # topology from the log names alone; a per-node command's log says nothing about devices
+    only_logs = make_job(tmp_path / "s" / "2", owner={"attempt": "a"},
+                         logs={"node0.rank0.log": "", "node0.rank1.log": "", "node0.rank2.log": ""})
+    assert data.job_summary("x", only_logs)[("num_nodes")] == 1
+    assert data.job_summary("x", only_logs)["devices"] == 3
+    # metric: a number returned, a result from before summary_metric was recorded, a non-finite value
+    assert data.metric({"return_value": 0.5, "summary_metric": None}) == ("return value", 0.5)
+    assert data.metric({"return_value": {"val_loss": 2.0}}) == ("val_loss", 2.0)
+    assert data.metric({"return_value": {"acc": "nan"}, "summary_metric": "acc"}) == ("acc", None)
+    # NaN written by another tool: read (Python's json allows it), sent as null (JSON does not)
+    (job / "result.json").write_text('{"status": "COMPLETED", "attempt": "old", "duration_s": NaN, '
+                                     '"return_value": {"loss": NaN}}')
+    assert data.job_detail("x", job)["return_value"] == {"loss": None}
+    assert data.job_summary("x", job)["duration_s"] is None
+
+
+def test_node_metrics_ignore_a_partial_last_line_and_draw_no_gpus_where_none_are_reported(tmp_path):
+    lines = "".join(sample(1000.0 + i) for i in range(5)) + "not json\n" + '{"t": 1010.0, "cpu_perc'
+    job = make_job(tmp_path / "0", metrics={0: lines})
+    [node] = data.node_metrics(job)
+    assert node["node"] == 0 and node["host"] == "box"
+    assert node["t"] == [1000.0 + i for i in range(5)]
+    assert node["series"]["job_cpu_percent"] == [180.0] * 5
+    assert node["gpus"] == []  # a CPU node: no GPU series at all, not zeros
+
+    gpu = {"index": 0, "name": "NVIDIA H100", "util_percent": 97.0, "mem_used_bytes": 70 << 30,
+           "mem_total_bytes": 80 << 30, "power_w": 650.5, "temp_c": 71.0}
+    (job / "metrics" / "node1.jsonl").write_text(
+        sample(1000.0, 1, [gpu, {**gpu, "index": 1, "util_percent": 12.0}]) + sample(1001.0, 1, [gpu])
+        + sample(1002.0, 1, [{**gpu, "power_w": float("nan")}]))
+    _, node1 = data.node_metrics(job)
+    assert [g["index"] for g in node1["gpus"]] == [0, 1]
+    assert node1["gpus"][0]["series"]["util_percent"] == [97.0, 97.0, 97.0]
+    assert node1["gpus"][0]["series"]["power_w"] == [650.5, 650.5, None]  # NaN: no point, not a crash
+    assert node1["gpus"][1]["series"]["util_percent"] == [12.0, None, None]
+
+    # since: only what is newer; the cap thins evenly and keeps the newest sample
+    assert data.node_metrics(job, since=1003.0)[0]["t"] == [1004.0]
+    (job / "metrics" / "node0.jsonl").write_text("".join(sample(float(i)) for i in range(5000)))
+    thinned = data.node_metrics(job, limit=100)[0]["t"]
+    assert len(thinned) == 100 and thinned[0] == 0.0 and thinned[-1] == 4999.0
+
+
+def test_training_curves_from_lightning_and_mmt_csv(tmp_path):
+    lightning = "epoch,step,train_loss,val_loss\n0,0,9.2,\n0,1,9.0,\n0,1,,8.5\n0,2,8.7,\n0,3,8.4"
+    curves = data.training_curves(make_job(tmp_path / "0", csv=lightning))
+    # the row still being written (no newline) is left out; a step's train and val rows are merged
+    assert curves == {"step": [0.0, 1.0, 2.0], "series": {"train_loss": [9.2, 9.0, 8.7],
+                                                        "val_loss": [None, 8.5, None]}}
+    own = data.training_curves(make_job(tmp_path / "1", csv="step,train_loss,val_loss\n0,2.0,\n1,1.5,1.7\n"))
+    assert own == {"step": [0.0, 1.0], "series": {"train_loss": [2.0, 1.5], "val_loss": [None, 1.7]}}
+    assert data.training_curves(tmp_path / "2") == {"step": [], "series": {}}
+
+
+def test_log_ranges_tail_then_follow_from_an_offset(tmp_path):
+    log = tmp_path / "node0.rank0.log"
+    log.write_bytes(b"".join(b"line %d\n" % i for i in range(10000)))
+    size = log.stat().st_size
+    tail = data.read_log(log, None, tail=1000)
+    assert tail["reset"] and tail["next"] == size and tail["offset"] > size - 1000
+    assert tail["text"].startswith("line ") and tail["text"].endswith("line 9999\n")  # whole lines only
+    assert data.read_log(log, size)["text"] == ""
+    with log.open("ab") as handle:
+        handle.write(b"new \xff line\nhalf a li")
+    grown = data.read_log(log, size)
+    assert grown["text"] == "new \ufffd line\n" and grown["next"] == size + 11  # the half line waits
+    assert data.read_log(log, grown["next"])["text"] == ""
+    assert data.read_log(log, grown["next"], whole_lines=False)["text"] == "half a li"  # a finished job's end
+    # a big backlog comes in chunks; a truncated file starts over from its tail
+    first = data.read_log(log, 0, limit=4096)
+    assert len(first["text"]) <= 4096 and first["more"] and first["text"].endswith("\n")
+    log.write_bytes(b"restarted\n")
+    assert data.read_log(log, size)["reset"] and data.read_log(log, size)["text"] == "restarted\n"
+
+
+def test_swept_parameters_are_those_whose_overrides_differ():
+    jobs = [{"id": str(i), "num": str(i), "status": "COMPLETED", "metric_name": "val_loss", "metric": m,
+             "overrides": o} for i, (m, o) in enumerate([
+                 (6.0, ["recipe.lr=0.1", "+opt=adam", "num_nodes=2"]),
+                 (5.0, ["recipe.lr=1.0", "+opt=sgd", "num_nodes=2"]),
+                 (None, ["recipe.lr=0.01", "+opt=adam", "num_nodes=2"])])]
+    swept = data.swept_parameters(jobs)
+    assert swept["metric_name"] == "val_loss"
+    assert [p["name"] for p in swept["params"]] == ["recipe.lr", "opt"]  # num_nodes is the same everywhere
+    lr, opt = swept["params"]
+    assert lr["numeric"]
+    assert [(p["x"], p["metric"]) for p in lr["points"]] == [(0.01, None), (0.1, 6.0), (1.0, 5.0)]
+    assert opt["categories"] == ["adam", "sgd"] and [p["x"] for p in opt["points"]] == [0, 0, 1]
+
+
+# ------------------------------------------------------------------------------------------------------ API
+
+
+def test_api_lists_jobs_and_serves_a_job_its_failure_metrics_curves_and_logs(outputs):
+    sweep = (outputs / "multirun" / "2026-12-02" / "10-47-40").resolve()
+    failed = sweep / "2"
+    (failed / "logs" / "node0.rank1.log").write_text("".join(f"rank 1 line {i}\n" for i in range(100)))
+    (failed / "metrics").mkdir()
+    (failed / "metrics" / "node0.jsonl").write_text(sample(1.0) + sample(2.0) + sample(3.0))
+    (failed / "metrics.csv").write_text("step,train_loss\n0,2.0\n1,1.0\n")
+    client = client_for(outputs)
+
+    listed = client.get("/api/jobs").json()["sweeps"]
+    statuses = [[j["status"] for j in s["jobs"]] for s in listed]
+    assert statuses == [["COMPLETED", "COMPLETED", "FAILED"], ["RUNNING"]]
+    assert "path" not in listed[0]["jobs"][0]  # the list names jobs by id only
+
+    job = client.get(f"/api/jobs/{job_id(failed)}").json()
+    assert job["status"] == "FAILED"
+    assert job["failure"]["exception"] == "ProbeFault: injected failure on rank 1"
+    assert "recipes.probe.ProbeFault: injected failure on rank 1" in job["failure"]["traceback"]
+    assert [log["name"] for log in job["logs"]] == ["node0.rank0.log", "node0.rank1.log"]
+    assert job["metric_nodes"] == [0] and job["curves_version"]
+
+    nodes = client.get(f"/api/jobs/{job_id(failed)}/metrics", params={"since": "1.5"}).json()["nodes"]
+    assert nodes[0]["t"] == [2.0, 3.0]
+    assert client.get(f"/api/jobs/{job_id(failed)}/curves").json()["series"] == {"train_loss": [2.0, 1.0]}
+
+    url = f"/api/jobs/{job_id(failed)}/log"
+    tail = client.get(url, params={"name": "node0.rank1.log"}).json()
+    assert tail["text"].endswith("rank 1 line 99\n")
+    with (failed / "logs" / "node0.rank1.log").open("a") as handle:
+        handle.write("one more\n")
+    grown = client.get(url, params={"name": "node0.rank1.log", "offset": tail["next"]}).json()
+    assert grown["text"] == "one more\n"
+
+    swept = client.get(f"/api/sweeps/{data.opaque_id(sweep)}").json()
+    assert [p["name"] for p in swept["params"]] == ["recipe.lr"]
+    points = swept["params"][0]["points"]
+    assert [(p["x"], p["metric"]) for p in points] == [(0.1, 6.0), (1.0, 5.0), (10.0, None)]
+
+    page = client.get("/")
+    assert page.status_code == 200 and "static/app.js" in page.text
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    assert client.get("/static/vendor/uPlot.iife.min.js").status_code == 200
+
+
+def test_api_serves_nothing_outside_the_job_dirs(outputs, tmp_path):
+    secret = tmp_path / "passwd"
+    secret.write_text(SECRET + "\n")
+    job = (outputs / "multirun" / "2026-12-02" / "10-47-40" / "0").resolve()
+    (job / "logs" / "node0.rank1.log").symlink_to(secret)  # a log that points out of the job dir
+    (job / "logs" / "node0.rank2.log").symlink_to("/etc/passwd")
+    (job / "metrics").mkdir()
+    (job / "metrics" / "node0.jsonl").symlink_to(secret)
+    linked = make_job(tmp_path / "s" / "0", result=result_record(0))
+    (linked / "logs").symlink_to(tmp_path)  # a logs dir that points out: every "log" in it would be outside
+    (tmp_path / "node0.rank0.log").write_text(SECRET + "\n")
+    client = client_for(outputs, tmp_path / "s")
+
+    leaked = []
+
+    def get(url, **params):
+        response = client.get(url, params=params)
+        if SECRET in response.text or "root:x:0:0" in response.text:
+            leaked.append(url)
+        return response.status_code
+
+    log = f"/api/jobs/{job_id(job)}/log"
+    listed = client.get(f"/api/jobs/{job_id(job)}").json()["logs"]
+    assert [name["name"] for name in listed] == ["node0.rank0.log"]
+    assert client.get(f"/api/jobs/{job_id(linked)}").json()["logs"] == []
+    for name in ("../result.json", "..%2fresult.json", "%2e%2e/result.json", "/etc/passwd",
+                 "node0.rank0.log/..", "../../../../etc/passwd", "node0.rank0.log\x00.txt"):
+        assert get(log, name=name) == 400, name
+    for name in ("node0.rank1.log", "node0.rank2.log", "node0.rank7.log"):
+        assert get(log, name=name) == 404, name
+    assert get(f"/api/jobs/{job_id(linked)}/log", name="node0.rank0.log") == 404
+    assert client.get(f"/api/jobs/{job_id(job)}/metrics").json() == {"nodes": []}
+    assert get(log, name="node0.rank0.log", offset="-5") == 400
+    assert get(log, name="node0.rank0.log", offset="x") == 400
+    assert get(f"/api/jobs/{job_id(job)}/metrics", since="nan") == 400
+    # jobs by id from the app's own list only: never a path, never a dir it was not given
+    for bad in ("0000000000000000", data.opaque_id(tmp_path.resolve()), data.opaque_id(Path("/etc")), "..",
+                "%2e%2e", "%2Fetc%2Fpasswd", str(job)):
+        assert get(f"/api/jobs/{bad}") == 404, bad
+        assert get(f"/api/jobs/{bad}/log", name="node0.rank0.log") == 404, bad
+    assert get(f"/api/sweeps/{data.opaque_id(tmp_path.resolve())}") == 404
+    # static files: the package's static dir only
+    for path in ("/static/../data.py", "/static/%2e%2e/data.py", "/static/..%2fdata.py",
+                 "/static/%2e%2e%2fapp.py", "/static//etc/passwd", "/static/%2Fetc%2Fpasswd",
+                 "/../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd"):
+        status = get(path)
+        assert status in (400, 404), (path, status)
+    assert client.get("/static/%2e%2e/data.py").text.find("def discover") < 0
+    assert not leaked, leaked
+    # a page on another site whose name rebinds to 127.0.0.1 is not served
+    assert client.get("/api/jobs", headers={"host": "evil.example"}).status_code == 400
+
+
+def test_a_non_loopback_host_is_refused_without_allow_remote(capsys):
+    started = time.monotonic()
+    assert server.main(["--host", "0.0.0.0"]) != 0
+    err = capsys.readouterr().err
+    assert "--allow-remote" in err and "0.0.0.0" in err and len(err.strip().splitlines()) == 1
+    assert time.monotonic() - started < 5  # refused, not served
+    assert server.is_loopback("127.0.0.1") and server.is_loopback("::1") and server.is_loopback("localhost")
+    assert not server.is_loopback("0.0.0.0") and not server.is_loopback("8.8.8.8")
+
+
+def test_a_busy_port_falls_back_to_a_free_one():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with server.bind("127.0.0.1", port) as sock:
+            assert sock.getsockname()[0] == "127.0.0.1" and sock.getsockname()[1] != port
+
+
+@contextlib.contextmanager
+def dashboard(roots, tag):
+    """``python -m mmt.dashboard ROOTS --port 0`` in a subprocess; yields the URL it prints."""
+    process = subprocess.Popen([sys.executable, "-m", "mmt.dashboard", *map(str, roots), "--port", "0"],
+                               cwd=REPO, env=app_env(tag), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    try:
+        lines = []
+        reader = threading.Thread(target=lambda: lines.append(process.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(30)
+        assert lines and "http://127.0.0.1:" in lines[0], f"no URL printed: {lines}"
+        yield lines[0].split()[2]
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_the_command_serves_on_loopback_and_stops(outputs, tag):
+    import httpx
+
+    with dashboard([outputs], tag) as url:
+        assert url.startswith("http://127.0.0.1:")
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                response = httpx.get(url + "api/jobs", timeout=5)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the dashboard did not answer"
+                time.sleep(0.2)
+        assert response.status_code == 200 and len(response.json()["sweeps"]) == 2
+        # raw request lines, as a client that does not normalise paths sends them
+        host, port = url.removeprefix("http://").rstrip("/").split(":")
+        for path in ("/static/../data.py", "/static/../../jobdir.py", "/static/%2e%2e/data.py",
+                     "/static/..%2f..%2fjobdir.py", "/api/jobs/..%2f..%2f"):
+            with socket.create_connection((host, int(port)), timeout=5) as conn:
+                conn.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+                reply = b"".join(iter(lambda: conn.recv(65536), b""))
+            assert reply.startswith(b"HTTP/1.1 404") and b"import" not in reply, (path, reply[:200])
+
+
+# --------------------------------------------------------------------------------------------- the browser
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+ARTIFACTS = REPO / "outputs" / "test-artifacts"
+
+
+@contextlib.contextmanager
+def chromium(tmp_path, tag):
+    """Debian's headless Chromium via its chromedriver; nothing is downloaded."""
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    if missing:
+        pytest.skip(f"no browser to drive: {', '.join(missing)} not installed (apt-get install chromium "
+                    "chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run", f"--user-data-dir={tmp_path / 'chromium-profile'}",
+                "--window-size=1400,1000"):
+        options.add_argument(arg)
+    options.binary_location = str(CHROMIUM)
+    # the driver and the browser carry the test's tag: the tag fixture sees any of them left running
+    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER), env=app_env(tag)))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(what, condition, timeout_s, interval_s=0.25):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def dom_counts(driver):
+    """What the page shows: the log's line count, each node's CPU chart's point count, the job's status."""
+    return driver.execute_script("""
+        const log = document.getElementById("log");
+        const charts = [...document.querySelectorAll('.chart[data-kind="cpu"]')];
+        return {lines: log ? Number(log.dataset.lines) : -1, log: log ? log.dataset.name : null,
+                points: Object.fromEntries(charts.map((c) => [c.dataset.node, Number(c.dataset.points)])),
+                status: document.querySelector("#view h2 .status")?.textContent || null,
+                noReload: window.__noReload === 1};
+    """)
+
+
+@pytest.mark.slow
+def test_the_live_page_follows_a_running_2x2_job_and_shows_a_failure(tmp_path, tag):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    job_dir = runs / "lm" / "0"
+    output = tmp_path / "job.out"
+    job_output = output.open("w")
+    with dashboard([runs], tag) as url, chromium(tmp_path, tag) as driver:
+        job = subprocess.Popen(app_command("num_nodes=2", "devices=2", sweep_dir=runs / "lm"), cwd=REPO,
+                               env=app_env(tag), stdout=job_output, stderr=subprocess.STDOUT)
+        try:
+            driver.get(url)
+            driver.execute_script("window.__noReload = 1")  # gone if the page ever reloads
+            row = f'a.job[data-job="{data.opaque_id(job_dir.resolve())}"]'
+
+            def listed_or_ended():
+                if job.poll() is not None:
+                    raise AssertionError(f"the job ended before it was listed:\n{output.read_text()[-3000:]}")
+                return driver.find_elements("css selector", row)
+
+            wait_for("the job in the list", listed_or_ended, 120)
+            def status():
+                return driver.find_element("css selector", f"{row} .status").text
+
+            wait_for("the job shown RUNNING", lambda: status() == "RUNNING" or job.poll() is not None, 60)
+            assert job.poll() is None, "the job ended before the page saw it run"
+            driver.find_element("css selector", row).click()
+            first = wait_for("the rank-0 log", lambda: (c := dom_counts(driver))["lines"] > 0 and c, 120)
+            assert first["log"] == "node0.rank0.log"
+            # watch while it runs: the log and each node's charts must grow in place
+            seen_points, grown_points, grown_lines, shot, ended = {}, set(), False, False, None
+            while not (grown_lines and grown_points >= {"0", "1"} and shot):
+                counts = dom_counts(driver)
+                grown_lines |= counts["lines"] > first["lines"]
+                for node, points in counts["points"].items():
+                    if points and node not in seen_points:
+                        seen_points[node] = points
+                    elif node in seen_points and points > seen_points[node]:
+                        grown_points.add(node)
+                if not shot and grown_points >= {"0", "1"} and min(counts["points"].values()) >= 8 \
+                        and counts["status"] == "RUNNING":
+                    driver.save_screenshot(str(tmp_path / "dashboard.png"))  # the live job page
+                    shot = True
+                if job.poll() is not None:
+                    ended = ended or time.monotonic()
+                    if time.monotonic() > ended + 6:
+                        break  # a few polls after the end, for the last lines
+                time.sleep(0.3)
+            assert job.wait(240) == 0, output.read_text()[-3000:]
+            if not shot:
+                driver.save_screenshot(str(tmp_path / "dashboard.png"))
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            shutil.copy(tmp_path / "dashboard.png", ARTIFACTS / "dashboard.png")
+            assert grown_lines, f"the rank-0 log did not grow on the page: {first} -> {dom_counts(driver)}"
+            assert dom_counts(driver)["noReload"], "the page reloaded"
+            metrics_files = sorted(p.name for p in (job_dir / "metrics").glob("node*.jsonl"))
+
+            # a failing job in another sweep of the same DIR: its traceback on the page
+            failed = run_app("recipe=probe", "num_nodes=1", "devices=2", "recipe.fail_rank=1",
+                             sweep_dir=runs / "fail", tag=tag, timeout=120)
+            assert failed.returncode != 0
+            failed_row = f'a.job[data-job="{data.opaque_id((runs / "fail" / "0").resolve())}"]'
+            wait_for("the failed job", lambda: driver.find_elements("css selector", failed_row), 30)
+            driver.find_element("css selector", failed_row).click()
+            traceback = "return document.querySelector('#failure .traceback')?.textContent || ''"
+            wait_for("the traceback",
+                     lambda: "ProbeFault: injected failure on rank 1" in driver.execute_script(traceback), 30)
+            assert "rank 1 (node 0): ProbeFault: injected failure on rank 1" in \
+                driver.find_element("css selector", "#failure .what").text
+            assert driver.find_element("css selector", f"{failed_row} .status").text == "FAILED"
+            assert dom_counts(driver)["noReload"], "the page reloaded"
+        finally:
+            if job.poll() is None:
+                job.terminate()  # the launcher stops its ranks on SIGTERM
+                try:
+                    job.wait(30)
+                except subprocess.TimeoutExpired:
+                    job.kill()
+                    job.wait()
+            job_output.close()
+    # last, so that the checks above still run where the node agent does not sample
+    assert metrics_files == ["node0.jsonl", "node1.jsonl"], \
+        f"the 2 x 2 job left metrics files {metrics_files}: the node agent's sampler did not write both nodes"
+    assert grown_points >= {"0", "1"}, f"node charts did not gain points live: first {seen_points}, " \
+                                      f"grown {sorted(grown_points)}"
