@@ -1,8 +1,12 @@
-"""Timing shared by the benchmarks: every variant once to warm up, then rounds in which the variants alternate."""
+"""Timing shared by the benchmarks: every variant once to warm up, then rounds in which the variants alternate; the
+medians, the ratios that matter, and a JSON copy of the figures."""
 
+import json
+import os
+import statistics
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Tuple
 
 
 def alternate(variants: Dict[str, Callable[[Path], None]], rounds: int, scratch: Path) -> Dict[str, List[float]]:
@@ -18,3 +22,18 @@ def alternate(variants: Dict[str, Callable[[Path], None]], rounds: int, scratch:
             run(scratch)
             times[name].append(time.perf_counter() - started)
     return times
+
+
+def report(times: Dict[str, List[float]], ratios: Dict[str, Tuple[str, str]], json_path: Optional[Path],
+           **facts: object) -> Dict[str, object]:
+    """Print each variant's median and every ratio (``name: (numerator, denominator)``); write them as JSON."""
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    figures = {name: round(medians[a] / medians[b], 3) for name, (a, b) in ratios.items()}
+    for name, median in medians.items():
+        print(f"{name:28s} median {median:6.2f} s   runs {', '.join(f'{x:.2f}' for x in times[name])}")
+    print("ratios  " + "  ".join(f"{k} = {v:.2f}" for k, v in figures.items()))
+    result = {"cpu_cores": os.cpu_count(), **facts, "median_s": {k: round(v, 3) for k, v in medians.items()},
+              "all_s": {k: [round(x, 3) for x in v] for k, v in times.items()}, "ratios": figures}
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2))
+    return result

@@ -12,18 +12,16 @@ The variants alternate within each round, and the medians of ``--rounds`` rounds
 """
 
 import argparse
-import json
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Dict
 
-from _timing import alternate
+from _timing import alternate, report
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -92,21 +90,8 @@ def main() -> None:
         times = alternate(VARIANTS, args.rounds, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    medians = {name: statistics.median(values) for name, values in times.items()}
-    a = medians["a_mmt"]
-    report = {
-        "rounds": args.rounds,
-        "cpu_cores": os.cpu_count(),
-        "median_s": {k: round(v, 3) for k, v in medians.items()},
-        "all_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
-        "ratios": {"a/b": round(a / medians["b_shell"], 3), "a/c": round(a / medians["c_torchrun"], 3),
-                   "a/d": round(a / medians["d_submitit_local"], 3)},
-    }
-    for name, median in medians.items():
-        print(f"{name:18s} median {median:6.2f} s   runs {', '.join(f'{x:.2f}' for x in times[name])}")
-    print("ratios  " + "  ".join(f"{k} = {v:.2f}" for k, v in report["ratios"].items()))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+    report(times, {"a/b": ("a_mmt", "b_shell"), "a/c": ("a_mmt", "c_torchrun"),
+                   "a/d": ("a_mmt", "d_submitit_local")}, args.json, rounds=args.rounds)
 
 
 if __name__ == "__main__":

@@ -177,11 +177,19 @@ def test_a_real_probe_sweep_is_plotted(tmp_path, tag):
     done = run_app("recipe=probe", "num_nodes=1,2", "devices=2", sweep_dir=tmp_path, tag=tag)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [r["status"] for r in results(tmp_path)] == ["COMPLETED", "COMPLETED"]
-    # TODO once the engine writes summary.png at the end of a sweep: also assert
-    # (tmp_path / "summary.png").exists() here, before (and without) calling write_sweep_plot.
-    path = write_sweep_plot(tmp_path)
-    assert path is not None and path.read_bytes()[:8] == PNG_SIGNATURE
+    # the engine wrote it at the end of the sweep
+    assert (tmp_path / "summary.png").read_bytes()[:8] == PNG_SIGNATURE
     [ax] = sweep_figure(tmp_path).axes  # the probe writes no metrics.csv: no curves panel
     assert {"num_nodes=1", "num_nodes=2"} <= _labels(ax)
-    # result.json does not name the metric; the probe's summary_metric reaches the plot through summary.csv
     assert ax.get_ylabel() == "seconds_to_first_collective"
+
+
+def test_the_readme_sweep_is_plotted_with_both_jobs_and_their_curves(tmp_path, tag):
+    # the README's main job (`python train.py -m num_nodes=1,2 devices=2`), shortened
+    done = run_app("num_nodes=1,2", "devices=2", "recipe.max_steps=6", "recipe.val_check_interval=3",
+                   sweep_dir=tmp_path, tag=tag)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "summary.png").read_bytes()[:8] == PNG_SIGNATURE
+    metric, curves = sweep_figure(tmp_path).axes
+    assert {"num_nodes=1", "num_nodes=2"} <= _labels(metric) and metric.get_ylabel() == "val_loss"
+    assert {"num_nodes=1", "num_nodes=2"} <= _labels(curves)

@@ -55,6 +55,28 @@ def _live_pids() -> Dict[int, int]:
     return table
 
 
+def family(root: int) -> List[int]:
+    """``root`` and its live descendants, from the kernel's per-thread children lists (no scan of every process;
+    what the metrics sampler reads every second). Falls back to the scan where the kernel has no such lists."""
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        found.append(pid)
+        for thread in threads:
+            try:
+                with open(f"/proc/{pid}/task/{thread}/children") as handle:
+                    stack.extend(int(child) for child in handle.read().split())
+            except FileNotFoundError:
+                return [root] + descendants(root) if pid == root else found
+            except OSError:
+                continue
+    return found
+
+
 def descendants(root: int) -> List[int]:
     """Pids of every live descendant of ``root``."""
     children: Dict[int, List[int]] = {}

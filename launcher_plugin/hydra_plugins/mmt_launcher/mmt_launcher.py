@@ -34,16 +34,17 @@ class MMTLauncher(Launcher):
         self.hydra_context = hydra_context
         self.task_function = task_function
         hydra_jobs.check_sweep_dir(config)
+        self.backend = hydra_jobs.make_backend(self.BACKEND, config.hydra.launcher)
+        # the agent lives as long as this launcher: every batch of the sweep, then it goes (at the latest, with the
+        # process; an app that launches in-process again gets a new launcher and a new agent)
+        weakref.finalize(self, self.backend.close)
+        # the agent's and the plotter's interpreters start now, while the sweeper validates and the launcher composes
+        hydra_jobs.warm_up(self.backend, config)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from mmt.launching import hydra_jobs
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        if self.backend is None:
-            self.backend = hydra_jobs.make_backend(self.BACKEND, self.config.hydra.launcher)
-            # the agent lives as long as this launcher: every batch of the sweep, then it goes (at the latest, with
-            # the process; an app that launches in-process again gets a new launcher and a new agent)
-            weakref.finalize(self, self.backend.close)
         return hydra_jobs.launch(self, job_overrides, initial_job_idx)
 
 

@@ -45,6 +45,8 @@ class Spawner:
     def preload(self, modules: Iterable[str]) -> None:
         if self.method != "fork":
             return
+        if not self.imported:
+            self._discover_hydra_plugins()
         for name in (*WORKER_MODULES, *modules):
             if name in self.imported:
                 continue
@@ -53,6 +55,17 @@ class Spawner:
                 __import__(name)
             except Exception as exc:  # the rank imports it itself and reports a real error
                 print(f"[mmt agent] could not preload {name}: {exc}", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _discover_hydra_plugins() -> None:
+        """Hydra rebuilds its plugin registry in every process that restores its state (re-executing each plugin
+        module); done once here, every forked rank inherits it (mmt.worker.main.restore_singletons)."""
+        try:
+            from hydra.core.plugins import Plugins
+
+            Plugins.instance()
+        except Exception as exc:
+            print(f"[mmt agent] could not discover Hydra's plugins: {exc}", file=sys.stderr, flush=True)
 
     def start(self, spec: ProcessSpec) -> int:
         pid = os.fork()

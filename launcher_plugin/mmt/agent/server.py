@@ -162,7 +162,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     if os.getppid() != int(parent):  # the launcher died before the death signal was armed
         return
     proctree.become_subreaper()
-    HostAgent(socket.socket(fileno=int(fd)), method).serve()
+    agent = HostAgent(socket.socket(fileno=int(fd)), method)
+    agent.spawner.preload(())  # what every worker imports, before the first job arrives
+    agent.serve()
 
 
 if __name__ == "__main__":

@@ -131,6 +131,9 @@ class Backend(abc.ABC):
     def cancel(self, handle: JobHandle, reason: str) -> None:
         """Stop the job (INTERRUPTED, ``reason``); its processes go within the kill grace."""
 
+    def warm_up(self) -> None:
+        """Get ready to start jobs (the local host agent), while the front end is still composing them."""
+
     def kill(self, handle: JobHandle) -> None:
         """After ``cancel``: do not wait for the grace (a second Ctrl-C)."""
 

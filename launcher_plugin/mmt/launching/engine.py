@@ -443,9 +443,9 @@ def summarise(sweep_dir: Path, report: LaunchReport, console: Console, write_csv
         except OSError as exc:
             unwritten.append(f"{sweep_dir / 'summary.csv'}: {exc.strerror or exc}")
         try:
-            from mmt.monitor.plots import write_sweep_plot
+            from mmt.monitor.plots import Plotter
 
-            write_sweep_plot(sweep_dir)
+            Plotter.draw(sweep_dir)
         except OSError as exc:
             unwritten.append(f"{sweep_dir / 'summary.png'}: {exc.strerror or exc}")
     if unwritten:

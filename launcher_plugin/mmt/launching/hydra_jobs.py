@@ -28,6 +28,7 @@ from mmt.launching import engine
 from mmt.launching.console import Console
 from mmt.launching.outcome import error_for
 from mmt.launching.payload import JobPayload
+from mmt.monitor import plots
 from mmt.planning import dryrun
 from mmt.planning import validate as check
 from mmt.planning.plan import plan_job
@@ -51,6 +52,13 @@ def make_backend(kind: str, launcher_cfg: DictConfig) -> Backend:
     from mmt.backends.slurm.sbatch import SlurmSettings
 
     return SlurmBackend(SlurmSettings.from_config(launcher_cfg), **common)
+
+
+def warm_up(backend: Backend, config: DictConfig) -> None:
+    """Start what every launch needs (the host agent, the plotter) before it is needed."""
+    if not OmegaConf.select(config, "hydra.launcher.dry_run"):
+        backend.warm_up()
+        plots.Plotter.start()
 
 
 def check_sweep_dir(config: DictConfig) -> None:
@@ -125,7 +133,7 @@ def prepare_job(*, hydra_context: Any, master: DictConfig, task_function: Any, b
     job_dir = _freeze_output_dir(config)
     plan = plan_job(launcher_cfg, num=num, name=name, job_id=job_id, overrides=list(overrides), job_dir=job_dir,
                     limits=backend.limits, launcher_env=os.environ)
-    payload = JobPayload(plan=plan, hydra_context=hydra_context, task_function=task_function,
+    payload = JobPayload(plan=plan, callbacks=hydra_context.callbacks, task_function=task_function,
                          config=config, singleton_state=Singleton.get_state())
     optimize = OmegaConf.select(launcher_cfg, "optimized_metric")
     return _HydraJob(prepared=engine.PreparedJob(payload=payload, copied_env={n: os.environ[n] for n in plan.env_from}),
@@ -135,7 +143,7 @@ def prepare_job(*, hydra_context: Any, master: DictConfig, task_function: Any, b
 def _protect_multirun_yaml(sweep_dir: Path, names: Set[str]) -> None:
     """Hydra's record of the sweep holds the env values too: masked, and readable by the owner only."""
     path = sweep_dir / "multirun.yaml"
-    if not path.exists():
+    if not names or not path.exists():
         return
     data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     write_atomic(path, OmegaConf.to_yaml(OmegaConf.create(masked_config(data, names))).encode(), private=True)
@@ -191,6 +199,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     backend: Backend = launcher.backend
     sweep_dir = Path(str(config.hydra.sweep.dir))
     up_front = OmegaConf.select(config, "hydra.sweeper._target_") == BASIC_SWEEPER
+    warm_up(backend, config)  # again for a later batch (the plotter draws once)
     jobs: Dict[int, _HydraJob] = {}
     refused: Dict[int, Exception] = {}
     for i, overrides in enumerate(job_overrides):

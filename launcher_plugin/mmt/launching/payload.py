@@ -1,7 +1,8 @@
 """The job payload: written once by the launcher into the job's attempt dir, read by every process of the job.
 
 ``job.json`` (plain JSON, read before any unpickling: the launcher's ``sys.path``) and ``job.pkl`` (a cloudpickle of
-:class:`JobPayload`: the plan, Hydra's context, the task function, the composed job config, Hydra's singletons).
+:class:`JobPayload`: the plan, Hydra's job callbacks, the task function, the composed job config, Hydra's
+singletons).
 Both are the owner's only, and a payload is only unpickled from a dir that this user owns and nobody else can
 write to: a pickle is code.
 """
@@ -24,7 +25,8 @@ from mmt.planning.plan import JobPlan
 @dataclass
 class JobPayload:
     plan: JobPlan
-    hydra_context: Any
+    # Hydra's job callbacks (the primary process fires them)
+    callbacks: Any
     task_function: Any
     config: Any
     singleton_state: Any

@@ -23,6 +23,66 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 PLOT = "summary.png"
+
+
+class Plotter:
+    """A process that imports matplotlib while the jobs run, on another core, and draws the plot when asked.
+
+    Importing matplotlib costs a third of a second of CPU; drawing a sweep's plot a tenth. Started with the launch,
+    the import is paid while the launcher composes and supervises; the summary then waits only for the drawing. In
+    the same process, with threads, the import would hold the GIL against the launcher's own work.
+    """
+
+    current: Optional["Plotter"] = None
+
+    def __init__(self) -> None:
+        import subprocess
+        import sys
+
+        self.process = subprocess.Popen([sys.executable, "-m", "mmt.monitor.plots"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    @classmethod
+    def start(cls) -> None:
+        if cls.current is None or cls.current.process.poll() is not None:
+            cls.current = cls()
+
+    @classmethod
+    def draw(cls, sweep_dir: Path) -> Optional[Path]:
+        """``write_sweep_plot`` in the plotter process when there is one (it stays for the next batch), else here."""
+        plotter = cls.current
+        if plotter is None or plotter.process.poll() is not None or plotter.process.stdin is None \
+                or plotter.process.stdout is None:
+            return write_sweep_plot(sweep_dir)
+        try:
+            plotter.process.stdin.write(str(sweep_dir) + "\n")
+            plotter.process.stdin.flush()
+            answer = plotter.process.stdout.readline()
+        except OSError:
+            answer = ""
+        if not answer:  # the plotter died: draw here
+            cls.current = None
+            return write_sweep_plot(sweep_dir)
+        if answer.startswith("error "):
+            raise OSError(answer.split(" ", 1)[1].strip())
+        return Path(answer.strip()) if answer.strip() else None
+
+
+def _serve() -> None:
+    """The plotter process: import matplotlib now; draw each sweep dir read from stdin, say what was written; end
+    when the launcher closes the pipe (or goes)."""
+    import sys
+
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+
+    for line in sys.stdin:
+        try:
+            written = write_sweep_plot(Path(line.strip()))
+        except OSError as exc:
+            print(f"error {exc.strerror or exc}", flush=True)
+            continue
+        print(written or "", flush=True)
 CURVES = ("train_loss", "val_loss")  # the columns plotted from metrics.csv; both recipe styles name them so
 _NO_METRIC = {"metric", "result"}  # the metric column of summary.csv when the engine found no metric
 _FAILED_Y = 0.03  # failed jobs sit at the bottom of a metric panel (axes coordinates)
@@ -368,3 +428,7 @@ def write_sweep_plot(sweep_dir: Path) -> Optional[Path]:
         tmp.unlink(missing_ok=True)
         raise
     return target
+
+
+if __name__ == "__main__":
+    _serve()

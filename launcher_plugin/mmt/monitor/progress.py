@@ -8,12 +8,14 @@ prefixed output (rich); elsewhere (CI, ``| tee``) a plain line every ``PLAIN_EVE
 
 import csv
 import io
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-PLAIN_EVERY_S = 10.0
+# seconds between plain progress lines (CI logs); MMT_PROGRESS_EVERY_S changes it
+PLAIN_EVERY_S = float(os.environ.get("MMT_PROGRESS_EVERY_S") or 10.0)
 _READ_EVERY_S = 1.0
 _TAIL_BYTES = 32 * 1024
 

@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import psutil
 
+from mmt import proctree
 from mmt.jobdir import write_atomic
 
 MAX_BYTES = 1 << 20
@@ -97,14 +98,14 @@ class NodeSampler:
     def _job(self, roots: Iterable[int]) -> Dict[str, Any]:
         """CPU % and RSS of the job's processes on this node, their children included."""
         alive: Dict[int, psutil.Process] = {}
-        for pid in roots:
-            try:
-                root = self._processes.get(pid) or psutil.Process(pid)
-                family = [root] + root.children(recursive=True)
-            except psutil.Error:
-                continue
-            for process in family:
-                alive[process.pid] = self._processes.get(process.pid, process)
+        for root in roots:
+            for pid in proctree.family(root):
+                if pid in alive:
+                    continue
+                try:
+                    alive[pid] = self._processes.get(pid) or psutil.Process(pid)
+                except psutil.Error:
+                    continue
         cpu, rss = 0.0, 0
         for pid, process in alive.items():
             try:

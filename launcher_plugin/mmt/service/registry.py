@@ -102,24 +102,39 @@ class JobRecord:
 
 
 class Registry:
+    """One connection per process (opened on first use, never shared across a fork or a pickle)."""
+
     def __init__(self, path: Optional[Path] = None) -> None:
         self.path = path or home() / "registry.sqlite"
+        self._connection: Optional[sqlite3.Connection] = None
+        self._pid = 0
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(state["path"])
+
+    def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        connection = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        if self.path.stat().st_mode & 0o077:
+            os.chmod(self.path, 0o600)  # names, dirs and results: the owner's business
+        connection.row_factory = sqlite3.Row
+        connection.execute("PRAGMA journal_mode=WAL")
+        # WAL with synchronous=NORMAL: every transaction is atomic and the file consistent after any crash; a power
+        # cut may lose the last ones (the job dirs still hold every result)
+        connection.execute("PRAGMA synchronous=NORMAL")
+        connection.execute("PRAGMA busy_timeout=30000")
+        connection.execute(_SCHEMA)
+        _add_missing_columns(connection)
+        return connection
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        connection = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
-            if self.path.stat().st_mode & 0o077:
-                os.chmod(self.path, 0o600)  # names, dirs and results: the owner's business
-            connection.row_factory = sqlite3.Row
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA busy_timeout=30000")
-            connection.execute(_SCHEMA)
-            _add_missing_columns(connection)
-            yield connection
-        finally:
-            connection.close()
+        if self._connection is None or self._pid != os.getpid():
+            self._connection, self._pid = self._open(), os.getpid()
+        yield self._connection
 
     def add(self, records: List[JobRecord]) -> None:
         """Register jobs, all or none; a taken name is refused (names identify jobs: `mmt logs NAME`)."""

@@ -77,6 +77,24 @@ def _write_hydra_dir(payload: JobPayload) -> None:
         write_atomic(target / name, OmegaConf.to_yaml(OmegaConf.create(content)).encode(), private=True)
 
 
+def restore_singletons(state: Any) -> None:
+    """Hydra's ``Singleton.set_state``, without rescanning every plugin module when the agent already did.
+
+    Hydra leaves its plugin registry out of the shipped state and rebuilds it in every process, re-executing each
+    plugin module (tens of milliseconds a rank); a rank forked from the agent inherits the agent's registry.
+    """
+    from hydra.core.plugins import Plugins
+    from hydra.core.singleton import Singleton
+    from omegaconf.basecontainer import BaseContainer
+
+    discovered = Singleton._instances.get(Plugins)
+    if discovered is None:  # a fresh interpreter (start_method=spawn)
+        Singleton.set_state(state)
+        return
+    Singleton._instances = {**state["instances"], Plugins: discovered}
+    BaseContainer._resolvers = copy.deepcopy(state["omegaconf_resolvers"])
+
+
 def _apply_thread_count() -> None:
     # libgomp reads OMP_NUM_THREADS when torch is first imported; a rank forked from a preloading agent
     # imported it before its environment existed, so apply the contract's value explicitly.
@@ -123,11 +141,10 @@ def run(attempt: Attempt, index: int) -> int:
         return 1
 
     from hydra._internal.callbacks import Callbacks
-    from hydra.core.singleton import Singleton
     from hydra.core.utils import JobStatus, run_job, setup_globals
     from hydra.types import HydraContext
 
-    Singleton.set_state(payload.singleton_state)
+    restore_singletons(payload.singleton_state)
     setup_globals()
     _apply_thread_count()
     guards.install(payload.plan)
@@ -135,11 +152,11 @@ def run(attempt: Attempt, index: int) -> int:
         preemption.install()
 
     primary = index == 0
-    context = payload.hydra_context
+    # run_job only uses the callbacks; the launcher's config loader is not shipped (it is large, and ranks never
+    # compose); only the primary fires the job callbacks
+    context = HydraContext(config_loader=None, callbacks=payload.callbacks if primary else Callbacks())
     if primary:
         _write_hydra_dir(payload)
-    else:
-        context = HydraContext(config_loader=context.config_loader, callbacks=Callbacks())
     plan = payload.plan
     task = payload.task_function if plan.command is None else command_task(plan.command)
     ret = run_job(hydra_context=context, task_function=task, config=_process_config(payload.config, primary),

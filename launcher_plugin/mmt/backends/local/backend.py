@@ -139,6 +139,10 @@ class LocalBackend(Backend):
         if self.agent is not None and handle.plan.job_id in self.jobs:
             self.agent.kill(handle.plan.job_id)
 
+    def warm_up(self) -> None:
+        if self.agent is None:  # its interpreter starts while the launcher composes the jobs (two cores, not one)
+            self.agent = AgentClient(self.settings.start_method)
+
     def wait(self, timeout_s: float) -> None:
         self._schedule()
         if self.agent is None:

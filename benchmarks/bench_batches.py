@@ -1,0 +1,59 @@
+"""What a sweep costs when its jobs come in batches, and what mmt costs an app that never imports torch.
+
+    (a) six 1 x 1 probe jobs, one per batch:  train.py -m recipe=probe +x=1..6 hydra.sweeper.max_batch_size=1
+    (b) the same six jobs in one batch:       train.py -m recipe=probe +x=1..6
+        a/b: one agent serves every batch, so torch is imported once, not once per batch (goal <= 1.5)
+    (c) a torch-free Hydra app, six jobs through mmt in one batch:  torch_free_app.py -m hydra/launcher=mmt_local
+    (d) the same app with Hydra's basic launcher, in-process:       torch_free_app.py -m
+        c/d: what mmt's agent and processes add to an app that needs no torch (goal <= 1.5)
+
+    python benchmarks/bench_batches.py --rounds 5
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, List
+
+from _timing import alternate, report
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+SIX = "+x=1,2,3,4,5,6"
+
+
+def _run(args: List[str], scratch: Path, name: str) -> None:
+    subprocess.run([PY, *args, f"hydra.sweep.dir={scratch}/{name}"], cwd=REPO, check=True, capture_output=True,
+                   env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+
+VARIANTS: Dict[str, Callable[[Path], None]] = {
+    "a_probe_one_per_batch": lambda s: _run(["train.py", "-m", "recipe=probe", SIX,
+                                             "hydra.sweeper.max_batch_size=1"], s, "a"),
+    "b_probe_one_batch": lambda s: _run(["train.py", "-m", "recipe=probe", SIX], s, "b"),
+    "c_torch_free_mmt": lambda s: _run(["benchmarks/torch_free_app.py", "-m", "hydra/launcher=mmt_local", SIX],
+                                       s, "c"),
+    "d_torch_free_basic": lambda s: _run(["benchmarks/torch_free_app.py", "-m", SIX], s, "d"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="mmt-bench-batches-"))
+    try:
+        times = alternate(VARIANTS, args.rounds, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    report(times, {"a/b": ("a_probe_one_per_batch", "b_probe_one_batch"),
+                   "c/d": ("c_torch_free_mmt", "d_torch_free_basic")}, args.json, rounds=args.rounds)
+
+
+if __name__ == "__main__":
+    main()
