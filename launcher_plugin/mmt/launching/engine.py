@@ -223,23 +223,25 @@ def _launch(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOption
             accepted: Optional[Callable[[List[Submitted]], None]], not_started: Sequence[NotStarted]
             ) -> LaunchReport:
     watched = _start(jobs, backend, options, console, detached=False)
-    try:
-        if accepted is not None:
-            accepted([Submitted(w.plan, w.handle.attempt, backend.name, backend.poll(w.handle).scheduler_id)
-                      for w in watched])
-        report = _watch(watched, backend, options, console, on_hangup="detach" if backend.survives_launcher
-                        else "stop", on_interrupt="stop")
-    except BaseException:
-        # a bug, or an exception from the backend: nothing may be left running or unreported
-        for item in watched:
-            if item.report is None:
-                backend.cancel(item.handle, "the launcher failed")
-        raise
-    finally:
-        for item in watched:
-            if item.claim is not None and item.claim.fd >= 0:
-                item.claim.release(forget=False)
-    summarise(options.sweep_dir, report, console, not_started=not_started)
+    # from here to the last line of the summary, a signal is a flag (the first stops every job, a second hurries)
+    with SignalTrap() as trap:
+        try:
+            if accepted is not None:
+                accepted([Submitted(w.plan, w.handle.attempt, backend.name, backend.poll(w.handle).scheduler_id)
+                          for w in watched])
+            report = _watch(watched, backend, options, console, trap, on_hangup="detach"
+                            if backend.survives_launcher else "stop", on_interrupt="stop")
+        except BaseException:
+            # a bug, or an exception from the backend: nothing may be left running or unreported
+            for item in watched:
+                if item.report is None:
+                    backend.cancel(item.handle, "the launcher failed")
+            raise
+        finally:
+            for item in watched:
+                if item.claim is not None and item.claim.fd >= 0:
+                    item.claim.release(forget=False)
+        summarise(options.sweep_dir, report, console, not_started=not_started)
     return report
 
 
@@ -269,9 +271,10 @@ def attach(handles: Sequence[JobHandle], backend: Backend, options: LaunchOption
     watched = [_Watched(plan=h.plan, handle=h, claim=None, started_at=time.time()) for h in handles]
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        report = _watch(watched, backend, options, console, on_hangup="detach", on_interrupt="detach",
-                        deadline=deadline)
-        summarise(options.sweep_dir, report, console, write_csv=False)
+        with SignalTrap() as trap:
+            report = _watch(watched, backend, options, console, trap, on_hangup="detach", on_interrupt="detach",
+                            deadline=deadline)
+            summarise(options.sweep_dir, report, console, write_csv=False)
     finally:
         if own:
             console.close()
@@ -281,58 +284,57 @@ def attach(handles: Sequence[JobHandle], backend: Backend, options: LaunchOption
 # ------------------------------------------------------------------------------------------------ watching
 
 
-def _watch(watched: List[_Watched], backend: Backend, options: LaunchOptions, console: Console, *,
+def _watch(watched: List[_Watched], backend: Backend, options: LaunchOptions, console: Console, trap: SignalTrap, *,
            on_hangup: str, on_interrupt: str, deadline: Optional[float] = None) -> LaunchReport:
     report = LaunchReport(jobs=[])
     interrupted = killed = False
     next_stop_check = 0.0
     progress = ProgressView.for_plans(console, [item.plan for item in watched])
-    with SignalTrap() as trap:
-        while any(item.report is None for item in watched):
-            if deadline is not None and time.monotonic() >= deadline:
+    while any(item.report is None for item in watched):
+        if deadline is not None and time.monotonic() >= deadline:
+            report.detached = [item.plan.name for item in watched if item.report is None]
+            break
+        if trap.received is not None and not interrupted:
+            interrupted = True
+            report.interrupted_by = trap.received
+            action = on_hangup if trap.received == signal.SIGHUP else on_interrupt
+            if action == "detach":
                 report.detached = [item.plan.name for item in watched if item.report is None]
+                _mark_detached(options.registry, report.detached)
                 break
-            if trap.received is not None and not interrupted:
-                interrupted = True
-                report.interrupted_by = trap.received
-                action = on_hangup if trap.received == signal.SIGHUP else on_interrupt
-                if action == "detach":
-                    report.detached = [item.plan.name for item in watched if item.report is None]
-                    _mark_detached(options.registry, report.detached)
-                    break
-                for item in watched:
-                    if item.report is None:
-                        backend.cancel(item.handle, f"the launcher received {trap.name}")
-            if trap.urgent and not killed:
-                killed = True
-                for item in watched:
-                    if item.report is None:
-                        backend.kill(item.handle)
-            backend.wait(_TICK_S)
-            for notice in backend.drain_notices():
-                console.write(notice + "\n")
-            check_stops = time.monotonic() >= next_stop_check
-            if check_stops:
-                next_stop_check = time.monotonic() + 0.5
-            states: Dict[int, str] = {}
             for item in watched:
-                if item.report is not None:
-                    states[item.plan.num] = item.report.outcome.status.value
-                    continue
-                status = backend.poll(item.handle)
-                if status.state != JobState.PENDING and not item.running_seen:
-                    item.running_seen = True
-                    item.followers = _followers(item.plan, options.console, console)
-                    if options.registry is not None:
-                        options.registry.update(item.plan.name, state=JobState.RUNNING.value, started_at=time.time())
-                for follower in item.followers:
-                    follower.poll()
-                if status.outcome is not None:
-                    item.report = _conclude(item, status.outcome, console, options.registry)
-                elif check_stops and item.handle.attempt.stop_request.exists():
-                    backend.cancel(item.handle, "stopped on request (mmt stop)")
-                states[item.plan.num] = item.report.outcome.status.value if item.report else status.state.value
-            progress.update(states)
+                if item.report is None:
+                    backend.cancel(item.handle, f"the launcher received {trap.name}")
+        if trap.urgent and not killed:
+            killed = True
+            for item in watched:
+                if item.report is None:
+                    backend.kill(item.handle)
+        backend.wait(_TICK_S)
+        for notice in backend.drain_notices():
+            console.write(notice + "\n")
+        check_stops = time.monotonic() >= next_stop_check
+        if check_stops:
+            next_stop_check = time.monotonic() + 0.5
+        states: Dict[int, str] = {}
+        for item in watched:
+            if item.report is not None:
+                states[item.plan.num] = item.report.outcome.status.value
+                continue
+            status = backend.poll(item.handle)
+            if status.state != JobState.PENDING and not item.running_seen:
+                item.running_seen = True
+                item.followers = _followers(item.plan, options.console, console)
+                if options.registry is not None:
+                    options.registry.update(item.plan.name, state=JobState.RUNNING.value, started_at=time.time())
+            for follower in item.followers:
+                follower.poll()
+            if status.outcome is not None:
+                item.report = _conclude(item, status.outcome, console, options.registry)
+            elif check_stops and item.handle.attempt.stop_request.exists():
+                backend.cancel(item.handle, "stopped on request (mmt stop)")
+            states[item.plan.num] = item.report.outcome.status.value if item.report else status.state.value
+        progress.update(states)
     progress.close()
     report.jobs = [item.report for item in watched if item.report is not None]
     return report

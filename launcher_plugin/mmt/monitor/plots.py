@@ -39,8 +39,11 @@ class Plotter:
         import subprocess
         import sys
 
+        # a session of its own: the terminal's Ctrl-C is the launcher's to handle; it ends when the launcher closes
+        # its pipe, or goes
         self.process = subprocess.Popen([sys.executable, "-m", "mmt.monitor.plots"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                        start_new_session=True)
 
     @classmethod
     def start(cls) -> None:
