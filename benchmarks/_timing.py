@@ -24,6 +24,25 @@ def alternate(variants: Dict[str, Callable[[Path], None]], rounds: int, scratch:
     return times
 
 
+def main(description: str, variants: Dict[str, Callable[[Path], None]], ratios: Dict[str, Tuple[str, str]],
+         prefix: str) -> None:
+    """A benchmark's command line (--rounds, --json), its runs in a scratch dir, and its report."""
+    import argparse
+    import shutil
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        times = alternate(variants, args.rounds, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    report(times, ratios, args.json, rounds=args.rounds)
+
+
 def report(times: Dict[str, List[float]], ratios: Dict[str, Tuple[str, str]], json_path: Optional[Path],
            **facts: object) -> Dict[str, object]:
     """Print each variant's median and every ratio (``name: (numerator, denominator)``); write them as JSON."""

@@ -10,16 +10,13 @@
     python benchmarks/bench_batches.py --rounds 5
 """
 
-import argparse
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from _timing import alternate, report
+import _timing as timing
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -42,17 +39,9 @@ VARIANTS: Dict[str, Callable[[Path], None]] = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args()
-    scratch = Path(tempfile.mkdtemp(prefix="mmt-bench-batches-"))
-    try:
-        times = alternate(VARIANTS, args.rounds, scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    report(times, {"a/b": ("a_probe_one_per_batch", "b_probe_one_batch"),
-                   "c/d": ("c_torch_free_mmt", "d_torch_free_basic")}, args.json, rounds=args.rounds)
+    timing.main(__doc__.split("\n\n")[0], VARIANTS, {"a/b": ("a_probe_one_per_batch", "b_probe_one_batch"),
+                                                    "c/d": ("c_torch_free_mmt", "d_torch_free_basic")},
+                "mmt-bench-batches-")
 
 
 if __name__ == "__main__":

@@ -11,17 +11,14 @@ The variants alternate within each round, and the medians of ``--rounds`` rounds
     python benchmarks/bench_launch.py --rounds 5
 """
 
-import argparse
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Callable, Dict
 
-from _timing import alternate, report
+import _timing as timing
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -81,17 +78,8 @@ VARIANTS: Dict[str, Callable[[Path], None]] = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args()
-    scratch = Path(tempfile.mkdtemp(prefix="mmt-bench-"))
-    try:
-        times = alternate(VARIANTS, args.rounds, scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    report(times, {"a/b": ("a_mmt", "b_shell"), "a/c": ("a_mmt", "c_torchrun"),
-                   "a/d": ("a_mmt", "d_submitit_local")}, args.json, rounds=args.rounds)
+    timing.main(__doc__.split("\n\n")[0], VARIANTS, {"a/b": ("a_mmt", "b_shell"), "a/c": ("a_mmt", "c_torchrun"),
+                                                    "a/d": ("a_mmt", "d_submitit_local")}, "mmt-bench-")
 
 
 if __name__ == "__main__":

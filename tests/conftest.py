@@ -37,6 +37,17 @@ def tagged_pids(tag: str) -> List[int]:
     return found
 
 
+def wait_until(predicate, timeout_s: float, what: str):
+    """The first truthy value of ``predicate()``, polled; the test fails naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
 def wait_gone(tag: str, timeout_s: float = 10.0) -> List[int]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -4,6 +4,7 @@ nothing outside the job dirs), and the live page in a real headless Chromium whi
 
 import contextlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -423,8 +424,10 @@ def chromium(tmp_path, tag):
     """Debian's headless Chromium via its chromedriver; nothing is downloaded."""
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
     if missing:
-        pytest.skip(f"no browser to drive: {', '.join(missing)} not installed (apt-get install chromium "
-                    "chromium-driver)")
+        why = f"no browser to drive: {', '.join(missing)} not installed (apt-get install chromium chromium-driver)"
+        if os.environ.get("MMT_REQUIRE_BROWSER") == "1":  # CI installs them: there, a missing browser is a failure
+            pytest.fail(why)
+        pytest.skip(why)
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 

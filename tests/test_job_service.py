@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, app_command, app_env, results, run_app, wait_gone
+from conftest import app_env, results, run_app, wait_gone
 
 PY = sys.executable
 MMT = str(Path(sys.executable).with_name("mmt"))

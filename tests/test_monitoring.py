@@ -6,10 +6,8 @@ import os
 import pty
 import select
 import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 

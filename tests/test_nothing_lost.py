@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, app_command, app_env, job_dirs, results, run_app, tagged_pids, wait_gone
+from conftest import REPO, app_command, app_env, results, run_app, tagged_pids, wait_gone, wait_until
 
 PY = sys.executable
 PROBE_2X2 = ("recipe=probe", "num_nodes=2", "devices=2")
@@ -24,16 +24,6 @@ PROBE_2X2 = ("recipe=probe", "num_nodes=2", "devices=2")
 def _start(*overrides, sweep_dir, tag, **popen):
     return subprocess.Popen(app_command(*overrides, sweep_dir=sweep_dir), cwd=REPO, env=app_env(tag),
                             text=True, **popen)
-
-
-def _wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def _pids_of(tag: str, needle: str):
@@ -72,7 +62,7 @@ def test_a_rerun_reads_only_its_own_attempt(tmp_path, tag):
 def test_a_job_dir_a_live_launch_owns_is_refused_and_nothing_is_mixed(tmp_path, tag):
     first = _start(*PROBE_2X2, "recipe.hold_s=4", sweep_dir=tmp_path, tag=tag, stdout=subprocess.PIPE,
                    stderr=subprocess.PIPE)
-    _wait_for(lambda: (tmp_path / "0" / ".mmt" / "owner.json").exists(), 30, "the first launch to own job 0")
+    wait_until(lambda: (tmp_path / "0" / ".mmt" / "owner.json").exists(), 30, "the first launch to own job 0")
     second = run_app(*PROBE_2X2, sweep_dir=tmp_path, tag=tag)
     out, err = first.communicate(timeout=60)
     assert first.returncode == 0, err[-2000:]
@@ -150,7 +140,7 @@ def test_a_payload_in_a_dir_others_can_write_is_not_unpickled(tmp_path):
 def test_a_rank_wrapper_killed_outright_takes_its_command_with_it(tmp_path, tag):
     launcher = _start("num_nodes=1", "devices=2", "command_mode=per_rank", "command='sleep 120'",
                       sweep_dir=tmp_path, tag=tag, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _wait_for(lambda: len(_pids_of(tag, "sleep 120")) >= 4, 60, "both commands")  # each rank: sh and sleep
+    wait_until(lambda: len(_pids_of(tag, "sleep 120")) >= 4, 60, "both commands")  # each rank: sh and sleep
     # the rank's wrapper: the parent of the shell that runs rank 1's command (forked ranks show the agent's
     # command line and environment in /proc; the shell was exec'd with the rank's)
     [shell] = [pid for pid in _pids_of(tag, "sh -c sleep 120")
@@ -167,7 +157,7 @@ def test_a_rank_wrapper_killed_outright_takes_its_command_with_it(tmp_path, tag)
 def test_a_killed_agent_leaves_nothing_and_every_result_is_written(tmp_path, tag):
     launcher = _start("num_nodes=1", "devices=2", "command_mode=per_rank", "command='sleep 120'",
                       sweep_dir=tmp_path, tag=tag, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _wait_for(lambda: len(_pids_of(tag, "sleep 120")) >= 4, 60, "both commands")
+    wait_until(lambda: len(_pids_of(tag, "sleep 120")) >= 4, 60, "both commands")
     [agent] = [pid for pid in _pids_of(tag, "mmt.agent.server") if Path(f"/proc/{pid}/status").read_text()
                .split("PPid:\t")[1].split()[0] == str(launcher.pid)]
     os.kill(agent, signal.SIGKILL)
@@ -198,7 +188,7 @@ def test_a_stdout_nobody_reads_never_delays_the_time_limit(tmp_path, tag):
     launcher = _start("num_nodes=1", f"command='{PY} {chatter}'", "hydra.launcher.timeout_min=0.1",
                       sweep_dir=tmp_path / "sweep", tag=tag, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     tmp_path = tmp_path / "sweep"  # the pipe is never read while it runs
-    _wait_for(lambda: (tmp_path / "0" / "result.json").exists(), 40, "the job's result")
+    wait_until(lambda: (tmp_path / "0" / "result.json").exists(), 40, "the job's result")
     assert launcher.wait(timeout=30) != 0  # it exits although nobody ever read its output
     [result] = results(tmp_path)
     assert result["status"] == "TIMEOUT" and result["duration_s"] < 6 + 3
@@ -241,7 +231,7 @@ def test_a_huge_line_costs_bounded_memory_and_control_sequences_never_reach_the_
 def _holding(tmp_path, tag):
     launcher = _start(*PROBE_2X2, "recipe.hold_s=60", sweep_dir=tmp_path, tag=tag, stdout=subprocess.PIPE,
                       stderr=subprocess.STDOUT)
-    _wait_for(lambda: len(tagged_pids(tag)) >= 6 and (tmp_path / "0" / "logs").exists(), 60, "the ranks")
+    wait_until(lambda: len(tagged_pids(tag)) >= 6 and (tmp_path / "0" / "logs").exists(), 60, "the ranks")
     time.sleep(1.0)
     return launcher
 
@@ -290,7 +280,7 @@ def test_a_full_disk_writes_what_it_can_and_says_what_it_could_not(small_disk, t
     fill = f"{PY} -c \"open('{small_disk}/filler', 'wb').write(bytes(16 << 20))\" ; true"
     launcher = _start("num_nodes=1", "command='sleep $((2 + 4 * $(basename $MMT_JOB_DIR)))'", "+x=0,1",
                       sweep_dir=small_disk / "sweep", tag=tag, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _wait_for(lambda: (small_disk / "sweep" / "0" / "result.json").exists(), 40, "job 0's result")
+    wait_until(lambda: (small_disk / "sweep" / "0" / "result.json").exists(), 40, "job 0's result")
     subprocess.run(["bash", "-c", fill])
     out, err = launcher.communicate(timeout=60)
     assert "Traceback" not in err

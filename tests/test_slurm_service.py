@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, app_command, app_env, results, run_app
+from conftest import REPO, app_command, app_env, results, run_app, wait_until
 
 pytestmark = pytest.mark.slurm
 PY = sys.executable
@@ -37,16 +37,6 @@ def _row(name: str) -> dict:
     return {row["name"]: row for row in rows}.get(name, {})
 
 
-def _until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 def test_a_detached_job_returns_at_once_and_concludes_itself(tmp_path, tag):
     started = time.monotonic()
     done = run_app(*PROBE, "recipe.hold_s=6", "hydra.launcher.detach=true", "hydra.launcher.name=far",
@@ -55,8 +45,8 @@ def test_a_detached_job_returns_at_once_and_concludes_itself(tmp_path, tag):
     assert done.returncode == 0, done.stderr[-3000:]
     assert elapsed < 2 + _startup_s(tmp_path), f"{elapsed:.1f} s"  # returns within 2 s of submission
     assert "mmt: detached job 0 far-0 (SLURM job" in done.stdout
-    _until(lambda: _row("far-0").get("status") == "Running", 60, "Running")
-    _until(lambda: _row("far-0").get("status") == "Completed", 90, "Completed")  # concluded inside the allocation
+    wait_until(lambda: _row("far-0").get("status") == "Running", 60, "Running")
+    wait_until(lambda: _row("far-0").get("status") == "Completed", 90, "Completed")  # concluded inside the allocation
     row = _row("far-0")
     assert row["metric"].startswith("seconds_to_first_collective=")
     [result] = results(tmp_path)
@@ -79,11 +69,11 @@ def test_mmt_stop_cancels_a_detached_job_and_nothing_stays_queued(tmp_path, tag)
     done = run_app(*PROBE, "recipe.hold_s=120", "hydra.launcher.detach=true", "hydra.launcher.name=halt",
                    sweep_dir=tmp_path, tag=tag, timeout=60)
     assert done.returncode == 0, done.stderr[-3000:]
-    _until(lambda: _row("halt-0").get("status") == "Running", 60, "Running")
+    wait_until(lambda: _row("halt-0").get("status") == "Running", 60, "Running")
     stopped = mmt("stop", "halt-0")
     assert stopped.returncode == 0 and "cancelled" in stopped.stdout
-    _until(lambda: _squeue() == "", 30, "the queue to empty")
-    _until(lambda: (tmp_path / "0" / "result.json").exists(), 30, "the job's own result")
+    wait_until(lambda: _squeue() == "", 30, "the queue to empty")
+    wait_until(lambda: (tmp_path / "0" / "result.json").exists(), 30, "the job's own result")
     assert results(tmp_path)[0]["status"] == "INTERRUPTED"
     assert mmt("wait", "halt-0").returncode == 1
     assert _row("halt-0")["status"] == "Stopped"
@@ -93,7 +83,7 @@ def test_an_attached_sweep_that_loses_its_terminal_runs_on_and_mmt_wait_reattach
     launcher = subprocess.Popen(app_command(*PROBE, "recipe.hold_s=8", "hydra.launcher.name=hup", sweep_dir=tmp_path),
                                 cwd=REPO, env=app_env(tag), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
-    _until(lambda: (tmp_path / "0" / "logs").exists() and _squeue(), 60, "the job to run")
+    wait_until(lambda: (tmp_path / "0" / "logs").exists() and _squeue(), 60, "the job to run")
     launcher.send_signal(signal.SIGHUP)
     output, _ = launcher.communicate(timeout=30)
     assert "1 job(s) run on, detached: hup-0" in output
@@ -107,14 +97,14 @@ def test_an_attached_sweep_that_loses_its_terminal_runs_on_and_mmt_wait_reattach
 def test_a_rerun_after_a_killed_launcher_never_reads_the_old_jobs_files(tmp_path, tag):
     launcher = subprocess.Popen(app_command(*PROBE, "recipe.hold_s=15", sweep_dir=tmp_path), cwd=REPO,
                                 env=app_env(tag), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _until(lambda: (tmp_path / "0" / "logs").exists(), 60, "the job to start")
+    wait_until(lambda: (tmp_path / "0" / "logs").exists(), 60, "the job to start")
     time.sleep(2)
     launcher.kill()  # SIGKILL: the SLURM job runs on, unwatched
     launcher.wait()
     refused = run_app(*PROBE, "recipe.hold_s=1", sweep_dir=tmp_path, tag=tag, timeout=60)
     assert refused.returncode != 0
     assert "which outlived its launcher and is still running" in refused.stderr
-    _until(lambda: _squeue() == "", 90, "the first job to end")
+    wait_until(lambda: _squeue() == "", 90, "the first job to end")
     first = results(tmp_path)[0]  # written inside the allocation, with no launcher watching
     assert first["status"] == "COMPLETED"
     rerun = run_app(*PROBE, "recipe.hold_s=3", sweep_dir=tmp_path, tag=tag, timeout=120)

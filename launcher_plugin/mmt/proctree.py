@@ -8,7 +8,7 @@ import ctypes
 import os
 import signal
 import time
-from typing import Dict, Iterable, List, Mapping, Optional
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -136,15 +136,23 @@ def group_alive(pgid: int) -> bool:
         return False
 
 
-def reap_any() -> None:
-    """Collect every exited child (adopted orphans included) so none lingers as a zombie."""
+def reaped() -> Iterator[Tuple[int, int]]:
+    """(pid, exit code) of every child that has exited (adopted orphans included), collected so none lingers as a
+    zombie; a negative code: killed by that signal."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        yield pid, os.waitstatus_to_exitcode(status)
+
+
+def reap_any() -> None:
+    """Collect every exited child without looking at it."""
+    for _ in reaped():
+        pass
 
 
 def stop_tagged(tags: Mapping[str, str], grace_s: float, exclude: Iterable[int] = (),

@@ -78,11 +78,5 @@ def run(node: NodeRun) -> int:
 
 
 def _reap(job: JobProcesses) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        job.exited(pid, os.waitstatus_to_exitcode(status))  # None for an adopted orphan: just reaped
+    for pid, code in proctree.reaped():
+        job.exited(pid, code)  # None for an adopted orphan: just reaped

@@ -97,22 +97,16 @@ class HostAgent:
             job.started(spec.index, pid)
             self.send({"op": "started", "job_id": request.job_id, "index": spec.index, "pid": pid})
 
-    def reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+    def reap(self, report: bool = True) -> None:
+        for pid, code in proctree.reaped():
             job_id = self.pid_to_job.pop(pid, None)
             if job_id is None:
                 continue  # an adopted orphan: reaped so it does not linger as a zombie
-            job = self.jobs[job_id]
-            process = job.exited(pid, os.waitstatus_to_exitcode(status))
+            process = self.jobs[job_id].exited(pid, code)
             assert process is not None
-            self.send({"op": "exited", "job_id": job_id, "index": process.index, "code": process.code,
-                       "stopped": process.stopped})
+            if report:
+                self.send({"op": "exited", "job_id": job_id, "index": process.index, "code": process.code,
+                           "stopped": process.stopped})
 
     def supervise(self, job: JobProcesses) -> None:
         job.tick()
@@ -133,24 +127,12 @@ class HostAgent:
             job.stop()
         deadline = time.monotonic() + max([j.kill_grace_s for j in self.jobs.values()] + [0.0]) + 1.0
         while any(job.running for job in self.jobs.values()) and time.monotonic() < deadline:
-            self.reap_quietly()
+            self.reap(report=False)  # the launcher is gone: nobody to tell
             time.sleep(0.02)
         for job in self.jobs.values():
             job.kill_now()
-        self.reap_quietly()
+        self.reap(report=False)
         os._exit(0)
-
-    def reap_quietly(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            job_id = self.pid_to_job.pop(pid, None)
-            if job_id is not None:
-                self.jobs[job_id].exited(pid, os.waitstatus_to_exitcode(status))
 
 
 def main(argv: Optional[List[str]] = None) -> None:

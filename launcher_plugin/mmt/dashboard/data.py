@@ -134,7 +134,8 @@ class FileCache:
 CACHE = FileCache()
 
 
-def _parse_json(path: Path, st: os.stat_result) -> dict[str, Any] | None:
+def _parse_small(path: Path, st: os.stat_result, parse: Any, errors: tuple) -> Any:
+    """A small regular file parsed, or None (too large, not a regular file, unparsable)."""
     if st.st_size > MAX_JSON_BYTES:
         return None
     handle = open_regular(path)
@@ -142,23 +143,18 @@ def _parse_json(path: Path, st: os.stat_result) -> dict[str, Any] | None:
         return None
     with handle:
         try:
-            value = json.loads(handle.read())
-        except (ValueError, UnicodeDecodeError):  # being rewritten by a non-atomic writer, or not ours
+            return parse(handle.read())
+        except (*errors, UnicodeDecodeError):  # being rewritten by a non-atomic writer, or not ours
             return None
+
+
+def _parse_json(path: Path, st: os.stat_result) -> dict[str, Any] | None:
+    value = _parse_small(path, st, json.loads, (ValueError,))
     return value if isinstance(value, dict) else None
 
 
 def _parse_yaml(path: Path, st: os.stat_result) -> Any:
-    if st.st_size > MAX_JSON_BYTES:
-        return None
-    handle = open_regular(path)
-    if handle is None:
-        return None
-    with handle:
-        try:
-            return yaml.safe_load(handle.read())
-        except (yaml.YAMLError, UnicodeDecodeError):
-            return None
+    return _parse_small(path, st, yaml.safe_load, (yaml.YAMLError,))
 
 
 def read_json(root: Path, *parts: str) -> dict[str, Any] | None:

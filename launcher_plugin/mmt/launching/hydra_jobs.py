@@ -304,7 +304,7 @@ def _detach(launcher: Any, jobs: List[_HydraJob], backend: Backend, options: eng
         raise ConfigError("hydra.launcher.detach", True, f"the sweeper {sweeper} decides its next trials from the "
                           "jobs' return values, and a detached launch returns before any job has one",
                           "run it attached (detach=false); the basic sweeper's grid can be detached")
-    from mmt.sdk import Job
+    from mmt.service.handle import JobHandle
 
     submitted = detached_submit([job.prepared for job in jobs], backend, options)
     for item in submitted:
@@ -322,7 +322,7 @@ def _detach(launcher: Any, jobs: List[_HydraJob], backend: Backend, options: eng
         job, item = jobs_by_num[num], by_num[num]
         returns.append(JobReturn(overrides=list(item.plan.overrides), cfg=job.config, hydra_cfg=None,
                                  working_dir=item.plan.job_dir, task_name=str(job.config.hydra.job.name),
-                                 status=JobStatus.COMPLETED, _return_value=Job(item.plan.name)))
+                                 status=JobStatus.COMPLETED, _return_value=JobHandle(item.plan.name)))
     return returns
 
 

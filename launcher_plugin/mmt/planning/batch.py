@@ -3,7 +3,7 @@
 global = world x micro x accumulate. The recipe states ``batch.global_size`` (the number the learning rate is
 tuned for, kept constant across node counts); the per-device micro-batch is the largest divisor of
 global / world that does not exceed the machine's limit, and accumulation makes up the rest. The limit comes from
-the recipe's tuned table (``mmt.tuned``), else from the recipe's own ``batch.default_micro``.
+the recipe's tuned table (``mmt.tune.table``), else from the recipe's own ``batch.default_micro``.
 
 Recipe config (``@package _global_``)::
 

@@ -82,8 +82,9 @@ class SlurmTask:
     # the values of plan.env_from (the pickle submitit keeps is the owner's only)
     copied_env: Dict[str, str] = field(repr=False, default_factory=dict)
 
-    def _env(self, facts: Dict[str, str], index: int, keep: Mapping[str, str]) -> Dict[str, str]:
-        rendezvous = Rendezvous(first_host(facts["nodelist"]), master_port(facts["job_id"]))
+    def _env(self, facts: Dict[str, str], index: int, keep: Mapping[str, str],
+             rendezvous: Optional[Rendezvous] = None) -> Dict[str, str]:
+        rendezvous = rendezvous or Rendezvous(first_host(facts["nodelist"]), master_port(facts["job_id"]))
         env = process_env(self.plan, self.plan.place(index), rendezvous=rendezvous, inherited=os.environ,
                           copied=self.copied_env, cores_per_node=node_cores(facts.get("cpus_on_node")),
                           python=PythonEnvironment.current() if self.plan.image is None else None, keep=keep)
@@ -107,12 +108,13 @@ class SlurmTask:
     def _run_node(self, facts: Dict[str, str], node: int) -> int:
         job_dir = JobDir(Path(self.plan.job_dir))
         job_dir.logs.mkdir(parents=True, exist_ok=True)
+        rendezvous = Rendezvous(first_host(facts["nodelist"]), master_port(facts["job_id"]))  # once per node
         specs = []
         for index in self.plan.node_indices(node):
             self.attempt.clear_process(index)  # a requeued job runs again in place
             place = self.plan.place(index)
             specs.append(ProcessSpec(job_id=self.plan.job_id, index=index, node_rank=node, attempt_dir=self.attempt_dir,
-                                     env=self._env(facts, index, keep={}), cwd=os.getcwd(),
+                                     env=self._env(facts, index, {}, rendezvous), cwd=os.getcwd(),
                                      log=str(job_dir.log(place.node_rank, place.rank, self.plan.per_node))))
         return run_node(NodeRun(job_id=self.plan.job_id, node_rank=node, job_dir=self.plan.job_dir,
                                 attempt_dir=self.attempt_dir, kill_grace_s=self.kill_grace_s,
