@@ -133,3 +133,39 @@ def test_the_folders_show_the_stages_and_the_processes():
     plugin = REPO / "launcher_plugin" / "hydra_plugins" / "mmt_launcher"
     assert sorted(p.name for p in plugin.glob("*.py")) == ["__init__.py", "config.py", "mmt_launcher.py",
                                                           "mmt_searchpath.py"]
+
+
+# ------------------------------------------------------------------------------------------------ GPUs (mocked)
+
+
+def test_each_simulated_node_sees_its_own_gpus_and_ranks_index_them_by_local_rank(tmp_path, tag):
+    # no GPU here: the host's GPUs are faked through CUDA_VISIBLE_DEVICES, which is all mmt reads to slice them,
+    # and the probe falls back to gloo (torch sees no CUDA); what is checked is what each rank is given
+    done = run_app("recipe=probe", "machine=t4_x_4", "num_nodes=2", "devices=2", sweep_dir=tmp_path, tag=tag,
+                   CUDA_VISIBLE_DEVICES="0,1,2,3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    ranks = results(tmp_path)[0]["return_value"]["ranks"]
+    assert [r["cuda_visible_devices"] for r in ranks] == ["0,1", "0,1", "2,3", "2,3"]
+    assert [r["local_rank"] for r in ranks] == [0, 1, 0, 1]
+
+
+def test_a_slurm_node_agent_gives_every_rank_the_nodes_gpus_and_its_local_rank(monkeypatch):
+    # SLURM sets the task's CUDA_VISIBLE_DEVICES to the node's GPUs (--gpus-per-node); every forked rank keeps
+    # them all and uses cuda:LOCAL_RANK, as Lightning expects (no GPU here: the variables are what is tested)
+    from mmt.backends.slurm.task import SlurmTask
+    from mmt.planning.environment import Rendezvous
+    from mmt.planning.machine import Machine
+    from mmt.planning.plan import JobPlan
+
+    plan = JobPlan(num=0, name="g-0", job_id="g", overrides=(), job_dir="/tmp/g", num_nodes=2, devices=2,
+                   machine=Machine(name="t4_x_2", accelerator="gpu", gpus=2), image=None, command=None,
+                   command_mode="per_node", env={}, timeout_s=60.0)
+    task = SlurmTask(plan=plan, attempt_dir="/tmp/g/.mmt/attempts/a", per_node_tasks=True, kill_grace_s=1.0,
+                     start_method="fork", max_requeues=0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    facts = {"job_id": "7", "node": "1", "nodelist": "node[1-2]", "cpus_on_node": "8", "restarts": "0"}
+    envs = [task._env(facts, index, {}, Rendezvous("node1", 20007)) for index in plan.node_indices(1)]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["4,5", "4,5"]
+    assert [(e["RANK"], e["LOCAL_RANK"], e["NODE_RANK"]) for e in envs] == [("2", "0", "1"), ("3", "1", "1")]
+    assert all("SLURM_PROCID" not in e for e in envs)  # the contract, not SLURM's per-task view
