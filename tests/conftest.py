@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,16 @@ def wait_gone(tag: str, timeout_s: float = 10.0) -> List[int]:
             return []
         time.sleep(0.1)
     return tagged_pids(tag)
+
+
+def from_a_terminal() -> None:
+    """``preexec_fn`` for a launcher that the test signals as a terminal would: SIGINT, SIGHUP at default.
+
+    A runner started under ``nohup``, or as a background job of a script, passes them on ignored, and mmt
+    (like Python) leaves an ignored signal ignored.
+    """
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import REPO, app_command, app_env, results, run_app, tagged_pids, wait_gone
+from conftest import REPO, app_command, app_env, from_a_terminal, results, run_app, tagged_pids, wait_gone
 
 PROBE_2X2 = ("recipe=probe", "num_nodes=2", "devices=2")
 
@@ -71,8 +71,8 @@ def _start_holding_sweep(tmp_path, tag):
     """Two concurrent 2x2 jobs whose ranks stay alive for a minute; returns once all 8 ranks run."""
     command = app_command(*PROBE_2X2[:1], "num_nodes=2", "devices=2,1", "recipe.hold_s=60",
                           "hydra.launcher.max_parallel_ranks=8", sweep_dir=tmp_path)
-    launcher = subprocess.Popen(command, cwd=REPO, env=app_env(tag), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(command, cwd=REPO, env=app_env(tag), preexec_fn=from_a_terminal,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         # launcher + agent + 4 + 2 ranks

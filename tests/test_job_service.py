@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import app_env, results, run_app, wait_gone
+from conftest import app_env, from_a_terminal, results, run_app, wait_gone
 
 PY = sys.executable
 MMT = str(Path(sys.executable).with_name("mmt"))
@@ -97,7 +97,7 @@ def test_a_detached_local_job_survives_its_terminal_and_can_be_stopped(tmp_path,
     session = subprocess.Popen(["bash", "-c", f"{MMT} run --name survivor --num-machines 2 --detach --command "
                                 "'sleep 4; echo done-after-the-hangup'; echo LAUNCHER-RETURNED; sleep 120"],
                                cwd=tmp_path, env=app_env(tag), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
+                               text=True, start_new_session=True, preexec_fn=from_a_terminal)
     started = time.monotonic()
     lines = []
     while "LAUNCHER-RETURNED" not in "".join(lines):

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, app_command, app_env, results, run_app, tagged_pids, wait_gone, wait_until
+from conftest import (REPO, app_command, app_env, from_a_terminal, results, run_app, tagged_pids, wait_gone,
+                      wait_until)
 
 PY = sys.executable
 PROBE_2X2 = ("recipe=probe", "num_nodes=2", "devices=2")
@@ -23,7 +24,7 @@ PROBE_2X2 = ("recipe=probe", "num_nodes=2", "devices=2")
 
 def _start(*overrides, sweep_dir, tag, **popen):
     return subprocess.Popen(app_command(*overrides, sweep_dir=sweep_dir), cwd=REPO, env=app_env(tag),
-                            text=True, **popen)
+                            preexec_fn=from_a_terminal, text=True, **popen)
 
 
 def _pids_of(tag: str, needle: str):
@@ -258,6 +259,18 @@ def test_a_lost_terminal_stops_local_jobs_and_writes_every_result(tmp_path, tag)
     assert wait_gone(tag, timeout_s=5) == []
     [result] = results(tmp_path)
     assert result["status"] == "INTERRUPTED" and "the launcher received SIGHUP" in result["error"]
+
+
+def test_a_launcher_under_nohup_keeps_its_jobs_through_a_hangup(tmp_path, tag):
+    # `nohup python train.py -m ...`: SIGHUP ignored on purpose; the hangup must not stop the job
+    launcher = subprocess.Popen(["nohup", *app_command(*PROBE_2X2, "recipe.hold_s=4", sweep_dir=tmp_path)],
+                                cwd=REPO, env=app_env(tag), text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+    wait_until(lambda: len(tagged_pids(tag)) >= 6 and (tmp_path / "0" / "logs").exists(), 60, "the ranks")
+    launcher.send_signal(signal.SIGHUP)
+    output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, output
+    assert results(tmp_path)[0]["status"] == "COMPLETED"
 
 
 # ------------------------------------------------------------------------------------ 7. a full disk

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import REPO, app_command, app_env, results, run_app, wait_gone
+from conftest import REPO, app_command, app_env, from_a_terminal, results, run_app, wait_gone
 
 pytestmark = pytest.mark.slurm
 SLURM_PROBE = ("cluster=slurm", "recipe=probe", "devices=2")
@@ -79,8 +79,8 @@ def test_a_rank_that_exits_137_is_named_from_sruns_report(tmp_path, tag):
 
 def _start_holding(tmp_path, tag, *extra):
     command = app_command(*SLURM_PROBE, "num_nodes=2", "recipe.hold_s=120", *extra, sweep_dir=tmp_path)
-    launcher = subprocess.Popen(command, cwd=REPO, env=app_env(tag), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(command, cwd=REPO, env=app_env(tag), preexec_fn=from_a_terminal,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         state = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True).stdout.split()
@@ -150,8 +150,8 @@ def test_requeue_signal_checkpoints_requeues_and_resumes_to_the_uninterrupted_re
     expected = results(tmp_path / "straight")[0]["return_value"]
 
     command = app_command(*SLURM_LM, sweep_dir=tmp_path / "requeued")
-    launcher = subprocess.Popen(command, cwd=REPO, env=app_env(tag), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(command, cwd=REPO, env=app_env(tag), preexec_fn=from_a_terminal,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = tmp_path / "requeued" / "0" / "metrics.csv"
     _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) > 3, 120, "training to start")
     job_id = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()[0]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, app_command, app_env, results, run_app, wait_until
+from conftest import REPO, app_command, app_env, from_a_terminal, results, run_app, wait_until
 
 pytestmark = pytest.mark.slurm
 PY = sys.executable
@@ -81,8 +81,8 @@ def test_mmt_stop_cancels_a_detached_job_and_nothing_stays_queued(tmp_path, tag)
 
 def test_an_attached_sweep_that_loses_its_terminal_runs_on_and_mmt_wait_reattaches(tmp_path, tag):
     launcher = subprocess.Popen(app_command(*PROBE, "recipe.hold_s=8", "hydra.launcher.name=hup", sweep_dir=tmp_path),
-                                cwd=REPO, env=app_env(tag), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+                                cwd=REPO, env=app_env(tag), preexec_fn=from_a_terminal,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_until(lambda: (tmp_path / "0" / "logs").exists() and _squeue(), 60, "the job to run")
     launcher.send_signal(signal.SIGHUP)
     output, _ = launcher.communicate(timeout=30)

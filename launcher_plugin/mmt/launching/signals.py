@@ -3,6 +3,10 @@
 The first SIGINT/SIGTERM asks for an orderly stop (every rank stopped within the kill grace, every result written);
 a second one asks to hurry (SIGKILL now), still writing every result. SIGHUP is a lost terminal: the engine stops
 local jobs like SIGTERM, and lets SLURM jobs run on, detached, to be re-attached with ``mmt wait``.
+
+A signal that is ignored when the trap is set stays ignored, as Python itself does for SIGINT: ``nohup python
+train.py -m ...`` asks for a launcher that survives its terminal, and a background job of a script has SIGINT
+ignored on purpose.
 """
 
 import signal
@@ -22,7 +26,8 @@ class SignalTrap:
     def __enter__(self) -> "SignalTrap":
         try:
             for sig in WATCHED:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._handle)
         except ValueError:  # not the main thread: leave signals alone
             pass
         return self
