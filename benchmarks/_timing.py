@@ -4,9 +4,18 @@ medians, the ratios that matter, and a JSON copy of the figures."""
 import json
 import os
 import statistics
+import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+
+def run(args: Sequence[str], **popen: object) -> None:
+    """Run one variant's command; if it fails, stop the benchmark with the command's own last lines."""
+    done = subprocess.run(list(args), capture_output=True, text=True, **popen)  # type: ignore[call-overload]
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr)[-3000:]
+        raise SystemExit(f"benchmark variant failed (exit {done.returncode}): {' '.join(args)}\n{tail}")
 
 
 def alternate(variants: Dict[str, Callable[[Path], None]], rounds: int, scratch: Path) -> Dict[str, List[float]]:

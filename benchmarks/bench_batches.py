@@ -11,7 +11,6 @@
 """
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Callable, Dict, List
@@ -24,8 +23,8 @@ SIX = "+x=1,2,3,4,5,6"
 
 
 def _run(args: List[str], scratch: Path, name: str) -> None:
-    subprocess.run([PY, *args, f"hydra.sweep.dir={scratch}/{name}"], cwd=REPO, check=True, capture_output=True,
-                   env=dict(os.environ, PYTHONPATH=str(REPO)))
+    timing.run([PY, *args, f"hydra.sweep.dir={scratch}/{name}"], cwd=REPO,
+               env=dict(os.environ, PYTHONPATH=str(REPO)))
 
 
 VARIANTS: Dict[str, Callable[[Path], None]] = {

@@ -37,8 +37,8 @@ def _env(**extra: str) -> Dict[str, str]:
 
 
 def run_mmt(scratch: Path) -> None:
-    subprocess.run([PY, "train.py", "-m", "recipe=probe", "num_nodes=2", "devices=2",
-                    f"hydra.sweep.dir={scratch}/mmt"], cwd=REPO, env=_env(), check=True, capture_output=True)
+    timing.run([PY, "train.py", "-m", "recipe=probe", "num_nodes=2", "devices=2", f"hydra.sweep.dir={scratch}/mmt"],
+               cwd=REPO, env=_env())
 
 
 def run_shell(scratch: Path) -> None:
@@ -47,7 +47,7 @@ def run_shell(scratch: Path) -> None:
              f"NODE_RANK={r // 2} LOCAL_RANK={r % 2} RANK={r} OMP_NUM_THREADS=1 {PY} benchmarks/probe_main.py &"
              for r in range(4)]
     script = "\n".join(lines) + "\nfor job in $(jobs -p); do wait $job || exit 1; done\n"
-    subprocess.run(["/bin/sh", "-c", script], cwd=REPO, env=_env(), check=True, capture_output=True)
+    timing.run(["/bin/sh", "-c", script], cwd=REPO, env=_env())
 
 
 def run_torchrun(scratch: Path) -> None:
@@ -66,10 +66,9 @@ def run_torchrun(scratch: Path) -> None:
 
 
 def run_submitit(scratch: Path) -> None:
-    subprocess.run([PY, "benchmarks/submitit_probe_app.py", "-m", "hydra/launcher=submitit_local",
-                    "hydra.launcher.tasks_per_node=4", "hydra.launcher.timeout_min=5",
-                    f"hydra.sweep.dir={scratch}/submitit"], cwd=REPO, env=_env(OMP_NUM_THREADS="1"), check=True,
-                   capture_output=True)
+    timing.run([PY, "benchmarks/submitit_probe_app.py", "-m", "hydra/launcher=submitit_local",
+                "hydra.launcher.tasks_per_node=4", "hydra.launcher.timeout_min=5",
+                f"hydra.sweep.dir={scratch}/submitit"], cwd=REPO, env=_env(OMP_NUM_THREADS="1"))
 
 
 VARIANTS: Dict[str, Callable[[Path], None]] = {

@@ -19,13 +19,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Dict
 
-from _timing import alternate, report
+from _timing import alternate, report, run
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -37,14 +36,13 @@ def _env() -> Dict[str, str]:
 
 def variants(per_node: int) -> Dict[str, Callable[[Path], None]]:
     def mmt(scratch: Path) -> None:
-        subprocess.run([PY, "train.py", "-m", "cluster=slurm", "recipe=probe", "num_nodes=2", f"devices={per_node}",
-                        f"hydra.sweep.dir={scratch}/mmt"], cwd=REPO, env=_env(), check=True, capture_output=True)
+        run([PY, "train.py", "-m", "cluster=slurm", "recipe=probe", "num_nodes=2", f"devices={per_node}",
+             f"hydra.sweep.dir={scratch}/mmt"], cwd=REPO, env=_env())
 
     def submitit(scratch: Path) -> None:
-        subprocess.run([PY, "benchmarks/submitit_probe_app.py", "-m", "hydra/launcher=submitit_slurm",
-                        "hydra.launcher.nodes=2", f"hydra.launcher.tasks_per_node={per_node}",
-                        f"hydra.sweep.dir={scratch}/submitit"], cwd=REPO, env=_env(), check=True,
-                       capture_output=True)
+        run([PY, "benchmarks/submitit_probe_app.py", "-m", "hydra/launcher=submitit_slurm",
+             "hydra.launcher.nodes=2", f"hydra.launcher.tasks_per_node={per_node}",
+             f"hydra.sweep.dir={scratch}/submitit"], cwd=REPO, env=_env())
 
     return {f"a_mmt_slurm_2x{per_node}": mmt, f"b_submitit_slurm_2x{per_node}": submitit}
 

@@ -30,4 +30,7 @@ PY
 fi
 # compat editable mode: a default (PEP 660) editable install hides hydra_plugins from Hydra 1.3's plugin scan
 "${PIP[@]}" -e ".[train,test]" --config-settings editable_mode=compat
+# an editable install leaves mmt's own modules uncompiled; where PYTHONDONTWRITEBYTECODE is set (many images and CI
+# runners set it) every launcher, agent and rank would compile them again (30-40 ms a process here)
+.venv/bin/python -m compileall -q launcher_plugin recipes >/dev/null
 .venv/bin/python -c 'import torch, lightning, hydra_plugins.mmt_launcher; print(f"mmt ready: torch {torch.__version__}, lightning {lightning.__version__}")'

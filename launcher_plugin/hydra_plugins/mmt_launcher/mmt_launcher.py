@@ -34,11 +34,12 @@ class MMTLauncher(Launcher):
         self.hydra_context = hydra_context
         self.task_function = task_function
         hydra_jobs.check_sweep_dir(config)
+        hydra_jobs.keep_composed_jobs(hydra_context)  # the sweeper composes each job to check it; launch() reuses it
         self.backend = hydra_jobs.make_backend(self.BACKEND, config.hydra.launcher)
         # the agent lives as long as this launcher: every batch of the sweep, then it goes (at the latest, with the
         # process; an app that launches in-process again gets a new launcher and a new agent)
         weakref.finalize(self, self.backend.close)
-        # the agent's and the plotter's interpreters start now, while the sweeper validates and the launcher composes
+        # the agent's interpreter starts now, while the sweeper checks the batch
         hydra_jobs.warm_up(self.backend, config)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:

@@ -2,7 +2,8 @@
 the sweeper as a ``JobReturn``, in order.
 
 * Every job's config is composed here, in the launcher process, once: ranks never re-compose (one ``${now:}``, one
-  output dir), and per-job values (``num_nodes=1,2``) come from each job's own config.
+  output dir), and per-job values (``num_nodes=1,2``) come from each job's own config. The launcher takes the
+  config the sweeper composed to check the batch (``compose_once``) instead of composing it a second time.
 * Bad input stops the whole sweep before anything starts when the sweeper planned it up front (the basic
   sweeper's grid); a sweeper that proposes trials as it goes (Optuna, Nevergrad, Ax ...) gets a FAILED JobReturn
   with the one-line message for that trial, and the other jobs of the batch still run.
@@ -25,6 +26,8 @@ from mmt.backends.base import Backend, JobState
 from mmt.errors import ConfigError, InvalidJobError
 from mmt.jobdir import write_atomic
 from mmt.launching import engine
+from mmt.launching.compose_once import ComposeOnce, compose_job
+from mmt.launching.compose_once import forget as forget_composed
 from mmt.launching.console import Console
 from mmt.launching.outcome import error_for
 from mmt.launching.payload import JobPayload
@@ -54,10 +57,20 @@ def make_backend(kind: str, launcher_cfg: DictConfig) -> Backend:
     return SlurmBackend(SlurmSettings.from_config(launcher_cfg), **common)
 
 
+def keep_composed_jobs(hydra_context: Any) -> None:
+    """Called in the launcher's setup(), before the sweeper checks its first batch."""
+    ComposeOnce.install(hydra_context.config_loader)
+
+
 def warm_up(backend: Backend, config: DictConfig) -> None:
-    """Start what every launch needs (the host agent, the plotter) before it is needed."""
+    """Start what every launch needs (the host agent) before it is needed."""
     if not OmegaConf.select(config, "hydra.launcher.dry_run"):
         backend.warm_up()
+
+
+def start_plotter(sweep_dir: Path, job_dirs: Sequence[str]) -> None:
+    """summary.png's drawer imports matplotlib while the jobs run, when the sweep will have a plot worth it."""
+    if plots.sweep_may_be_drawn(sweep_dir, job_dirs):
         plots.Plotter.start()
 
 
@@ -117,7 +130,7 @@ def prepare_job(*, hydra_context: Any, master: DictConfig, task_function: Any, b
     ``amend``: changes the composed config before it is planned (the CLI's env values)."""
     from hydra_plugins.mmt_launcher.config import JOB_NAME_ID
 
-    config = hydra_context.config_loader.load_sweep_config(master, list(overrides))
+    config = compose_job(hydra_context.config_loader, master, overrides)
     if amend is not None:
         amend(config)
     target = OmegaConf.select(config, "hydra.launcher._target_")
@@ -193,13 +206,20 @@ def _dry_run(jobs: List[_HydraJob], backend: Backend) -> List[JobReturn]:
 
 
 def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+    try:
+        return _launch(launcher, job_overrides, initial_job_idx)
+    finally:
+        forget_composed(launcher.hydra_context.config_loader)
+
+
+def _launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
     setup_globals()
     config = launcher.config
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     backend: Backend = launcher.backend
     sweep_dir = Path(str(config.hydra.sweep.dir))
     up_front = OmegaConf.select(config, "hydra.sweeper._target_") == BASIC_SWEEPER
-    warm_up(backend, config)  # again for a later batch (the plotter draws once)
+    warm_up(backend, config)  # again, should the agent have gone since the last batch
     jobs: Dict[int, _HydraJob] = {}
     refused: Dict[int, Exception] = {}
     for i, overrides in enumerate(job_overrides):
@@ -223,6 +243,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     if bool(OmegaConf.select(config, "hydra.launcher.detach")):
         return _detach(launcher, list(jobs.values()), backend, options, up_front, refused, job_overrides,
                        initial_job_idx)
+    start_plotter(sweep_dir, [job.prepared.plan.job_dir for job in jobs.values()])
     console = Console()
     page = start_dashboard(config.hydra.launcher, sweep_dir, console)
     not_started = [engine.NotStarted(num, job_overrides[num - initial_job_idx], str(error.reason))

@@ -36,13 +36,16 @@ class Plotter:
     current: Optional["Plotter"] = None
 
     def __init__(self) -> None:
+        import os
         import subprocess
         import sys
 
         # a session of its own: the terminal's Ctrl-C is the launcher's to handle; it ends when the launcher closes
         # its pipe, or goes
+        # one BLAS thread: drawing a plot needs none, and numpy's import would start a pool of them
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
         self.process = subprocess.Popen([sys.executable, "-m", "mmt.monitor.plots"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
                                         start_new_session=True)
 
     @classmethod
@@ -371,17 +374,36 @@ def _color(index: int) -> str:
     return f"C{index % 10}"  # matplotlib's default cycle
 
 
+def worth_drawing(jobs: int, curves: bool) -> bool:
+    """A picture adds something to the printed summary for two jobs or more, or for training curves; one job's
+    single number is in the summary already (a one-job probe or command run draws nothing)."""
+    return jobs >= 2 or curves
+
+
+def sweep_may_be_drawn(sweep_dir: Path, job_dirs: Sequence[str]) -> bool:
+    """Whether the sweep will have two jobs or more to draw once the jobs in ``job_dirs`` end (then the plotter is
+    started early); a single job whose curves appear is drawn in the launcher at the end instead."""
+    jobs = {Path(job_dir).resolve() for job_dir in job_dirs}
+    if len(jobs) < 2:
+        try:  # the sweep's earlier jobs (an earlier batch of the sweeper, or another launch into this dir)
+            jobs |= {path.parent.resolve() for path in Path(sweep_dir).glob("*/result.json")}
+        except OSError:
+            pass
+    return len(jobs) >= 2
+
+
 def sweep_figure(sweep_dir: Path) -> Optional["Figure"]:
     """The sweep's figure: a metric panel per swept parameter (one if nothing is swept) and a panel of
-    training curves when any job wrote metrics.csv. None when no job has a readable result.json."""
+    training curves when any job wrote metrics.csv. None when nothing is worth drawing: no job has a readable
+    result.json, or a single job without curves."""
     sweep_dir = Path(sweep_dir)
     jobs, metric = _load(sweep_dir)
-    if not jobs:
+    with_curves = any(job.curves for job in jobs)
+    if not jobs or not worth_drawing(len(jobs), with_curves):
         return None
     swept = _swept(jobs)
     _label_jobs(jobs, swept)
     panels: List[Optional[str]] = list(swept) or [None]
-    with_curves = any(job.curves for job in jobs)
     count = len(panels) + with_curves
     cols = min(count, 3)
     rows = math.ceil(count / cols)
