@@ -1,9 +1,11 @@
 """The state of SLURM jobs, from the queue (squeue) and the accounting database (sacct).
 
 submitit's own watcher backs off to a minute between polls and, without sacct, waits forever on a job that was
-killed; this asks every poll and never waits on a job that has left the queue. A query that fails (slurmctld
-busy, a timeout) says nothing: a job is only GONE when the queue answered without it and accounting, where there
-is accounting, has no record of it either.
+killed; this asks every poll and never waits on a job that has left the queue. The queue (squeue, answered by
+slurmctld from memory) is asked every poll; accounting (sacct, a query of slurmdbd's database: ten times the
+cost, and what sites ask users not to poll) only for a job the queue no longer shows as active, for how it ended.
+A query that fails (slurmctld busy, a timeout) says nothing: a job is only GONE when the queue answered without
+it and accounting, where there is accounting, has no record of it either.
 """
 
 import subprocess
@@ -55,10 +57,15 @@ def _sacct(ids: list) -> Optional[Dict[str, JobState]]:
 
 def _squeue(ids: list) -> Optional[Dict[str, JobState]]:
     # -t all: a job that just ended is still listed (COMPLETING, CANCELLED ...) for MinJobAge
-    out = _run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T"])
+    out = _run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-O", "JobID:|,State:|,RestartCnt:|"])
     if out is None:
         return None
-    return {line.split("|")[0]: JobState(line.split("|")[1]) for line in out.splitlines() if "|" in line}
+    found = {}
+    for line in out.splitlines():
+        parts = [part.strip() for part in line.split("|")]
+        if len(parts) >= 3 and parts[0]:
+            found[parts[0]] = JobState(parts[1], None, int(parts[2]) if parts[2].isdigit() else 0)
+    return found
 
 
 def job_states(job_ids: Iterable[str], accounting: bool = True) -> Dict[str, JobState]:
@@ -67,14 +74,15 @@ def job_states(job_ids: Iterable[str], accounting: bool = True) -> Dict[str, Job
     if not ids:
         return {}
     queued = _squeue(ids)
-    accounted = _sacct(ids) if accounting else {}
-    states = {}
-    for job_id in ids:
+    states = {job_id: state for job_id, state in (queued or {}).items() if job_id in ids and state.state in ACTIVE}
+    ended = [job_id for job_id in ids if job_id not in states]  # or not known to the queue, or it did not answer
+    accounted = (_sacct(ended) if ended else {}) if accounting else {}
+    for job_id in ended:
         record = (accounted or {}).get(job_id)
         queue_state = queued.get(job_id) if queued is not None else None
-        if queue_state is not None and (queue_state.state in ACTIVE or record is None or not record.final):
-            # the queue is current (sacct can lag behind it), and a job still COMPLETING is not over yet
-            states[job_id] = JobState(queue_state.state, None, record.restarts if record else 0)
+        if queue_state is not None and (record is None or not record.final):
+            # the queue is current (sacct can lag behind it)
+            states[job_id] = queue_state
         elif record is not None:
             states[job_id] = record
         elif queued is not None and (accounted is not None or not accounting):
