@@ -8,6 +8,9 @@
         as a share of one core at one sample per second
 
     python benchmarks/bench_sampler.py --rounds 3 --hold 20
+
+It exits non-zero, saying why in one line, when the sampler's share of one core (a) is --max-share-percent
+or more.
 """
 
 import argparse
@@ -89,12 +92,26 @@ def sampler_alone(samples: int) -> float:
             sleeper.wait()
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hold", type=float, default=20.0)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    parser.add_argument("--max-share-percent", type=float, default=1.0,
+                        help="fail at this share of one core or more (the budget: under 1 %%)")
+    return parser
+
+
+def enforce_budget(share_percent: float, max_share_percent: float) -> None:
+    """Exit with status 1 and a one-line reason when the sampler costs ``max_share_percent`` of a core or
+    more, so that CI, not a reader of the numbers, catches a sampler that got expensive."""
+    if share_percent >= max_share_percent:
+        sys.exit(f"bench_sampler: the sampler takes {share_percent:.2f} % of one core, "
+                 f"the budget is under {max_share_percent:.2f} %")
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = build_parser().parse_args(argv)
     runs: Dict[str, List[Dict[str, float]]] = {"on": [], "off": []}
     with tempfile.TemporaryDirectory() as scratch:
         for round_ in range(args.rounds):
@@ -112,7 +129,9 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"rounds": args.rounds, "hold_s": args.hold, "runs": runs,
                                          "share_of_core_percent": round(share, 3),
+                                         "max_share_percent": args.max_share_percent,
                                          "sample_cpu_ms": round(per_sample * 1000, 3)}, indent=2))
+    enforce_budget(share, args.max_share_percent)
 
 
 if __name__ == "__main__":

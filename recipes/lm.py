@@ -24,7 +24,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from mmt import RankInfo
 from mmt.checkpoints import resume_from
-from mmt.lightning import RequeueOnSignal, cluster_environment
+from mmt.lightning import AtomicCheckpointIO, RequeueOnSignal, cluster_environment
 from recipes.corpus import load_splits, weights_digest
 from recipes.lm_common import StepClock, gather, keep_ddp_buckets, summary
 
@@ -137,7 +137,7 @@ def train(
         logger=L.pytorch.loggers.CSVLogger(save_dir=out, name="", version="", flush_logs_every_n_steps=1),
         log_every_n_steps=1,
         callbacks=[checkpoints, throughput, RequeueOnSignal(str(last))],  # mmt owns the requeue signal
-        plugins=[environment] if environment else None,
+        plugins=[AtomicCheckpointIO(), *([environment] if environment else [])],
         default_root_dir=out,
         enable_progress_bar=False,
         enable_model_summary=rank.is_main,

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from mmt import RankInfo
 from mmt.checkpoints import resume_from
+from mmt.lightning import AtomicCheckpointIO
 from recipes.corpus import load_splits, weights_digest
 from recipes.lm_common import StepClock, append_metrics, gather, keep_ddp_buckets, summary
 
@@ -81,7 +82,7 @@ def train(
     fabric = L.Fabric(accelerator=accelerator, num_nodes=rank.num_nodes, devices=rank.local_world_size,
                       strategy=DDPStrategy(find_unused_parameters=keep_ddp_buckets(fixed_buckets))
                       if rank.world_size > 1 else "auto",
-                      precision=precision)
+                      precision=precision, plugins=[AtomicCheckpointIO()])
     fabric.launch()
     rank.check_world_size(fabric.world_size, "fabric")
     fabric.seed_everything(seed, workers=True, verbose=False)

@@ -1,5 +1,6 @@
 """Shared helpers: run the real app in a subprocess, read its results, and check the process table."""
 
+import contextlib
 import json
 import os
 import signal
@@ -10,7 +11,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import pytest
 
@@ -156,13 +157,46 @@ def slurm_cluster():
     # a job whose ranks all reported is concluded at once; SLURM may need a moment more for its epilog
     deadline = time.monotonic() + 15
     while True:
-        leftover = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True).stdout.strip()
+        leftover = _queued()
         if not leftover or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     if started_here:
         subprocess.run([str(CLUSTER_SCRIPT), "stop"], capture_output=True, timeout=120)
     assert leftover == "", f"jobs left in the queue after the tests: {leftover}"
+
+
+def _queued() -> str:
+    return subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(autouse=True)
+def _nothing_queued_after_a_slurm_test(request):
+    """After every test on the SLURM cluster, no job of it may be queued or running (SLURM's epilog may take a
+    moment after a job's ranks have all reported)."""
+    yield
+    if "slurm_cluster" not in request.fixturenames:
+        return
+    deadline = time.monotonic() + 15
+    while _queued() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = _queued()
+    if left:
+        subprocess.run(["scancel", "--full", *[line.split()[0] for line in left.splitlines()]], capture_output=True)
+    assert left == "", f"jobs left in the queue after the test: {left}"
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted on ``path`` for the block (a small disk, a read-only one); skips where it cannot be mounted."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs ({options}) here: {done.stderr.strip()} (needs root)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 # ---------------------------------------------------------------------------------- tuner, shared recipe package

@@ -362,3 +362,15 @@ def test_an_unwired_trainer_topology_fails_fast_naming_both_worlds_and_the_fix(t
     assert "WORLD_SIZE=4 (2 nodes x 2 devices)" in exception
     assert "trainer.num_nodes=${num_nodes}" in exception and "trainer.devices=${devices}" in exception
     assert "TopologyMismatchError" in run.output and "WORLD_SIZE=4" in run.output
+
+
+def test_the_basic_sweeper_gets_the_value_as_it_is_whatever_optimized_metric_says(tmp_path, tag):
+    # an app that names a key for optimising sweepers (the template convention) but returns no such key: the basic
+    # sweeper needs no number, so its job is COMPLETED with its value unchanged, not FAILED for a missing key
+    done = subprocess.run([PY, "train.py", "-m", "recipe=probe", "+optimized_metric=no_such_key",
+                           f"hydra.sweep.dir={tmp_path}"], cwd=REPO, env=app_env(tag), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    [result] = results(tmp_path)
+    assert result["status"] == "COMPLETED" and isinstance(result["return_value"], dict)
+    assert "returned no number" not in done.stdout + done.stderr

@@ -5,6 +5,7 @@ nothing outside the job dirs), and the live page in a real headless Chromium whi
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Dict, NoReturn
 
 import pytest
 
@@ -22,7 +24,7 @@ with warnings.catch_warnings():  # starlette >= 1.x would rather drive httpx2; h
 
 from conftest import REPO, app_command, app_env, run_app
 from mmt.dashboard import data, server
-from mmt.dashboard.app import create_app
+from mmt.dashboard.app import STATIC_DIR, create_app
 
 SECRET = "root:x:0:0:secret-outside-the-job-dirs"
 
@@ -348,6 +350,83 @@ def test_api_serves_nothing_outside_the_job_dirs(outputs, tmp_path):
     assert client.get("/api/jobs", headers={"host": "evil.example"}).status_code == 400
 
 
+MARKER = "read-from-outside-the-job-dirs"
+
+
+def _link(link: Path, target: Path, relative: bool = False) -> None:
+    """``link`` -> ``target``, absolute or as a ``../../..`` path from the link's dir."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(os.path.relpath(target, link.parent) if relative else target)
+
+
+def _served_texts(client: TestClient, sweep: Path) -> Dict[str, str]:
+    """Every answer the API gives about the jobs in ``sweep``: list, job, metrics, curves, logs, sweep."""
+    answers = {"/api/jobs": client.get("/api/jobs").text}
+    for job in sorted(sweep.iterdir()):
+        base = f"/api/jobs/{job_id(job)}"
+        detail = client.get(base)
+        assert detail.status_code == 200, (job, detail.text)
+        answers[base] = detail.text
+        for part in ("metrics", "curves"):
+            answers[f"{base}/{part}"] = client.get(f"{base}/{part}").text
+        for log in detail.json()["logs"]:
+            params = {"name": log["name"]}
+            answers[f"{base}/log {log['name']}"] = client.get(f"{base}/log", params=params).text
+    sweep_url = f"/api/sweeps/{data.opaque_id(sweep.resolve())}"
+    answers[sweep_url] = client.get(sweep_url).text
+    return answers
+
+
+def test_symlinks_in_a_job_dir_never_serve_their_targets(tmp_path):
+    # readable files outside the job dirs, each of which would put MARKER in an answer if it were read
+    outside = tmp_path / "outside"
+    leaked_result = result_record(0, overrides=[f"leak={MARKER}"], name=MARKER, error=MARKER,
+                                  failure={**FAILURE, "traceback": MARKER})
+    make_job(outside, result=leaked_result, owner={"attempt": "x", "name": MARKER, "backend": MARKER,
+                                                   "started": time.time()},
+             metrics={0: sample(1.0, host=MARKER) + sample(2.0, host=MARKER)},
+             csv=f"step,{MARKER}_loss\n0,1.5\n1,1.25\n",
+             config={"num_nodes": 7, "devices": 3, "machine": {"name": MARKER, "gpus": 0}},
+             overrides=[f"leak={MARKER}"])
+    files = {"result.json": outside / "result.json", "metrics.csv": outside / "metrics.csv",
+             "metrics/node0.jsonl": outside / "metrics" / "node0.jsonl",
+             ".hydra/config.yaml": outside / ".hydra" / "config.yaml",
+             ".hydra/overrides.yaml": outside / ".hydra" / "overrides.yaml",
+             ".mmt/owner.json": outside / ".mmt" / "owner.json"}
+    sweep = tmp_path / "served" / "sweep"
+    log = {"node0.rank0.log": "hello\n"}
+    # 0: each file an absolute link out; 1: the same as ../../.. links, and no result.json, so that the
+    # running job's files (.hydra, .mmt) are what would be read; 2: the dirs themselves link out
+    absolute = make_job(sweep / "0", logs=log)
+    relative = make_job(sweep / "1", logs=log)
+    for name, target in files.items():
+        _link(absolute / name, target)
+        if name != "result.json":
+            _link(relative / name, target, relative=True)
+    linked_dirs = make_job(sweep / "2", logs=log)
+    for folder in ("metrics", ".hydra", ".mmt"):
+        _link(linked_dirs / folder, outside / folder)
+    # 3: the control, a link that stays inside its job dir, is followed: the refusals above are the checks'
+    control = make_job(sweep / "3", logs=log)
+    (control / "train").mkdir()
+    (control / "train" / "metrics.csv").write_text("step,train_loss\n0,2.0\n")
+    _link(control / "metrics.csv", control / "train" / "metrics.csv", relative=True)
+
+    client = client_for(tmp_path / "served")
+    answers = _served_texts(client, sweep)
+    assert [name for name, text in answers.items() if MARKER in text] == []
+    for job in (absolute, relative, linked_dirs):
+        detail = client.get(f"/api/jobs/{job_id(job)}").json()
+        # no result, owner or config read: a job known by its logs alone (1 node x 1 rank, not 7 x 3)
+        assert (detail["status"], detail["num_nodes"], detail["devices"], detail["machine"]) == \
+            ("PENDING", 1, 1, None), (job.name, detail)
+        assert detail["overrides"] == [] and detail["failure"] is None and detail["error"] is None
+        assert detail["metric_nodes"] == [] and detail["curves_version"] is None
+        assert client.get(f"/api/jobs/{job_id(job)}/metrics").json() == {"nodes": []}
+        assert client.get(f"/api/jobs/{job_id(job)}/curves").json() == {"step": [], "series": {}}
+    assert client.get(f"/api/jobs/{job_id(control)}/curves").json()["series"] == {"train_loss": [2.0]}
+
+
 def test_a_non_loopback_host_is_refused_without_allow_remote(capsys):
     started = time.monotonic()
     assert server.main(["--host", "0.0.0.0"]) != 0
@@ -413,10 +492,37 @@ def test_the_command_serves_on_loopback_and_stops(outputs, tag):
             assert reply.startswith(b"HTTP/1.1 404") and b"import" not in reply, (path, reply[:200])
 
 
+OWN_STATIC = ("index.html", "app.js", "style.css")  # the vendored uPlot names its home in its licence comment
+
+
+def test_the_page_and_its_code_come_from_the_package_not_the_network():
+    for name in OWN_STATIC:
+        text = (STATIC_DIR / name).read_text()
+        urls = [line.strip() for line in text.splitlines() if re.search(r"https?://", line, re.IGNORECASE)]
+        assert urls == [], f"{name} names a URL (users may be offline): {urls}"
+        # a protocol-relative //host/path in a string or url(): a CDN too
+        assert not re.search(r"""["'(`]\s*//[\w.-]""", text), name
+    # every script and stylesheet the page loads is one of the package's own files
+    page = (STATIC_DIR / "index.html").read_text()
+    loaded = re.findall(r"""<(?:script|link)\b[^>]*\b(?:src|href)=["']([^"']+)["']""", page)
+    assert "static/app.js" in loaded and "static/vendor/uPlot.iife.min.js" in loaded
+    for ref in loaded:
+        if ref.startswith("data:"):  # the empty favicon, inline
+            continue
+        assert ref.startswith("static/") and (STATIC_DIR.parent / ref).is_file(), ref
+
+
 # --------------------------------------------------------------------------------------------- the browser
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 ARTIFACTS = REPO / "outputs" / "test-artifacts"
+
+
+def no_browser(why: str) -> NoReturn:
+    """Skip, saying why; fail where MMT_REQUIRE_BROWSER=1: CI installs the browser, driver and selenium."""
+    if os.environ.get("MMT_REQUIRE_BROWSER") == "1":
+        pytest.fail(why)
+    pytest.skip(why)
 
 
 @contextlib.contextmanager
@@ -424,12 +530,13 @@ def chromium(tmp_path, tag):
     """Debian's headless Chromium via its chromedriver; nothing is downloaded."""
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
     if missing:
-        why = f"no browser to drive: {', '.join(missing)} not installed (apt-get install chromium chromium-driver)"
-        if os.environ.get("MMT_REQUIRE_BROWSER") == "1":  # CI installs them: there, a missing browser is a failure
-            pytest.fail(why)
-        pytest.skip(why)
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
+        no_browser(f"no browser to drive: {', '.join(missing)} not installed "
+                   "(apt-get install chromium chromium-driver)")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError as exc:
+        no_browser(f"no selenium to drive the browser ({exc}): pip install selenium")
 
     options = webdriver.ChromeOptions()
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -444,6 +551,27 @@ def chromium(tmp_path, tag):
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.mark.parametrize("required", [True, False], ids=["required", "optional"])
+def test_a_missing_selenium_fails_where_a_browser_is_required_and_skips_elsewhere(tmp_path, monkeypatch,
+                                                                                   required):
+    monkeypatch.setitem(sys.modules, "selenium", None)  # an import of it raises ImportError
+    monkeypatch.setitem(sys.modules, "selenium.webdriver", None)
+    for name in ("CHROMIUM", "CHROMEDRIVER"):  # as if the browser were installed: selenium is what is missing
+        monkeypatch.setitem(globals(), name, Path(sys.executable))
+    if required:
+        monkeypatch.setenv("MMT_REQUIRE_BROWSER", "1")
+    else:
+        monkeypatch.delenv("MMT_REQUIRE_BROWSER", raising=False)
+    try:  # a skip is an exception too: catch whatever comes, then say which it had to be
+        with chromium(tmp_path, "no-tag"):
+            raise AssertionError("a browser was driven without selenium")
+    except BaseException as exc:  # noqa: BLE001
+        outcome = exc
+    expected = pytest.fail.Exception if required else pytest.skip.Exception
+    assert type(outcome) is expected, repr(outcome)
+    assert "selenium" in str(outcome)
 
 
 def wait_for(what, condition, timeout_s, interval_s=0.25):
@@ -525,6 +653,32 @@ def test_the_live_page_follows_a_running_2x2_job_and_shows_a_failure(tmp_path, t
             assert grown_lines, f"the rank-0 log did not grow on the page: {first} -> {dom_counts(driver)}"
             assert dom_counts(driver)["noReload"], "the page reloaded"
             metrics_files = sorted(p.name for p in (job_dir / "metrics").glob("node*.jsonl"))
+
+            # the training curves chart: every step of metrics.csv drawn
+            steps = len(data.training_curves(job_dir)["step"])
+            curve_points = "return document.querySelector('.chart[data-kind=\"curve_loss\"]')?.dataset.points"
+            wait_for(f"{steps} points on the training curves",
+                     lambda: steps > 0 and driver.execute_script(curve_points) == str(steps), 20)
+
+            # the rank filter: pick rank 2 (node 1); its lines replace rank 0's
+            from selenium.webdriver.support.select import Select
+
+            rank0 = (job_dir / "logs" / "node0.rank0.log").read_text(errors="replace")
+            rank2 = (job_dir / "logs" / "node1.rank2.log").read_text(errors="replace")
+            assert rank2.strip() and rank2 != rank0
+            ranks = Select(driver.find_element("id", "log-select"))
+            ranks.select_by_value("node1.rank2.log")
+            assert ranks.first_selected_option.text == "rank 2 (node 1)"
+            shown_text = "return document.getElementById('log').textContent"
+
+            def rank2_shown() -> bool:
+                counts = dom_counts(driver)
+                return counts["log"] == "node1.rank2.log" and counts["lines"] > 0 \
+                    and rank2.endswith(driver.execute_script(shown_text))
+
+            wait_for("rank 2's log on the page", rank2_shown, 20)
+            shown = driver.execute_script(shown_text)
+            assert shown.strip() and not rank0.endswith(shown), "the page still shows rank 0's lines"
 
             # a failing job in another sweep of the same DIR: its traceback on the page
             failed = run_app("recipe=probe", "num_nodes=1", "devices=2", "recipe.fail_rank=1",

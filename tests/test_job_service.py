@@ -2,18 +2,22 @@
 SLURM side is in test_slurm_service.py). Real processes: a detached local job runs in a supervisor process that the
 test's own session hangup must not reach."""
 
+import hashlib
 import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
+from contextlib import closing
 from pathlib import Path
+from typing import Dict, List
 
 import pytest
 
-from conftest import app_env, from_a_terminal, results, run_app, wait_gone
+from conftest import REPO, app_command, app_env, from_a_terminal, results, run_app, wait_gone
 
 PY = sys.executable
 MMT = str(Path(sys.executable).with_name("mmt"))
@@ -123,14 +127,37 @@ def test_a_detached_local_job_survives_its_terminal_and_can_be_stopped(tmp_path,
     assert wait_gone(tag, timeout_s=10) == []
 
 
+# train.py's sweep through Hydra's own multirun, which hands back what the sweeper got: each job's JobReturn
+# (argv: the config dir, the overrides). Prints one JSON line per job, from its value: whether it is a job handle,
+# its name, its status once waited on, and the ranks in its result.
+SWEEP_VALUES = """
+import json, sys
+import hydra
+from hydra.core.global_hydra import GlobalHydra
+from mmt import Job
+
+def task(cfg):
+    return hydra.utils.instantiate(cfg.recipe, _partial_=True, _convert_="all")()
+
+with hydra.initialize_config_dir(config_dir=sys.argv[1], job_name="train", version_base="1.3"):
+    [batch] = GlobalHydra.instance().hydra.multirun(config_name="train", task_function=task, overrides=sys.argv[2:])
+for ret in batch:
+    value = ret.return_value
+    print(json.dumps({"status": ret.status.name, "handle": isinstance(value, Job), "name": value.name,
+                      "waited": value.wait(timeout=120).value, "ranks": len(value.result["ranks"])}), flush=True)
+"""
+
+
 def test_a_detached_sweep_returns_handles_and_concludes_itself(tmp_path, tag):
-    done = run_app("recipe=probe", "num_nodes=1,2", "devices=2", "hydra.launcher.detach=true",
-                   "hydra.launcher.name=detached-probe", sweep_dir=tmp_path / "sweep", tag=tag)
+    done = subprocess.run([PY, "-c", SWEEP_VALUES, str(REPO / "conf"), "recipe=probe", "num_nodes=1,2", "devices=2",
+                           "hydra.launcher.detach=true", f"hydra.launcher.name=detached-{tag[:6]}",
+                           f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=REPO, env=app_env(tag), capture_output=True,
+                          text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "each job's value is a handle (mmt.Job)" in done.stdout
-    for name in ("detached-probe-0", "detached-probe-1"):
-        assert subprocess.run([MMT, "wait", name], cwd=tmp_path, env=app_env(), capture_output=True,
-                              timeout=120).returncode == 0
+    values = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert values == [{"status": "COMPLETED", "handle": True, "name": f"detached-{tag[:6]}-{num}",
+                       "waited": "Completed", "ranks": 2 * (num + 1)} for num in (0, 1)]
     assert [r["status"] for r in results(tmp_path / "sweep")] == ["COMPLETED", "COMPLETED"]
     assert wait_gone(tag, timeout_s=10) == []
 
@@ -142,29 +169,113 @@ def test_a_sweeper_that_needs_values_cannot_detach(tmp_path):
     assert "decides its next trials from the jobs' return values" in done.stderr
 
 
-def test_two_launchers_at_once_both_register_and_a_killed_writer_leaves_the_registry_readable(tmp_path, tag):
-    launchers = [subprocess.Popen([MMT, "run", "--name", f"twin-{i}", "--command", "true"], cwd=tmp_path,
-                                  env=app_env(tag), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for i in range(2)]
-    for launcher in launchers:
-        assert launcher.wait(timeout=120) == 0, launcher.stderr.read()
-    names = {row["name"] for row in json.loads(mmt("list", "--json", cwd=tmp_path).stdout)}
-    assert {"twin-0", "twin-1"} <= names
+# Launchers released together: the CLI imported once, then forked into one `mmt run` per name, each of which waits
+# at a barrier just before its registry write and notes when it was released (argv: <notes dir> <name ...>). This
+# process holds the registry's write lock across the release, so every one of them meets a busy database. The last
+# line: every exit code.
+FORKED_LAUNCHERS = """
+import json, multiprocessing, os, sqlite3, sys, time
+from pathlib import Path
+import hydra, mmt.launching.hydra_jobs, mmt.service.submit  # what `mmt run` imports, once, before the fork
+from mmt.cli.main import main
+from mmt.service.registry import Registry
+
+notes, names, real_add = Path(sys.argv[1]), sys.argv[2:], Registry.add
+barrier = multiprocessing.get_context("fork").Barrier(len(names) + 1)
+
+def add_at_the_barrier(self, records):
+    barrier.wait(timeout=60)
+    (notes / records[0].name).write_text(repr(time.time()))
+    return real_add(self, records)
+
+Registry.add = add_at_the_barrier
+pids = []
+for name in names:
+    pid = os.fork()
+    if pid == 0:
+        code = main(["run", "--name", name, "--command", "true"])
+        sys.stdout.flush()
+        os._exit(code)
+    pids.append(pid)
+Registry().names_taken([])  # the database exists
+holder = sqlite3.connect(Registry().path, isolation_level=None)
+holder.execute("BEGIN IMMEDIATE")
+barrier.wait(timeout=60)
+time.sleep(0.5)
+holder.execute("COMMIT")
+print(json.dumps({"codes": [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]}), flush=True)
+"""
+
+
+def test_eight_launchers_released_together_all_register_and_a_killed_writer_leaves_the_registry_readable(
+        tmp_path, tag):
+    names = [f"twin-{tag[:6]}-{i}" for i in range(8)]
+    notes = tmp_path / "released"
+    notes.mkdir()
+    done = subprocess.run([PY, "-c", FORKED_LAUNCHERS, str(notes), *names], cwd=tmp_path, env=app_env(tag),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0 and json.loads(done.stdout.splitlines()[-1]) == {"codes": [0] * 8}, \
+        done.stdout[-3000:] + done.stderr[-3000:]
+    released = [float((notes / name).read_text()) for name in names]
+    assert max(released) - min(released) < 0.5  # they wrote at once, not one by one
+    rows = {row["name"]: row for row in json.loads(mmt("list", "--json", cwd=tmp_path).stdout)}
+    assert [rows[name]["status"] for name in names] == ["Completed"] * 8
     # a writer killed in the middle of a transaction (what a launcher killed mid-submit does)
     writer = subprocess.Popen([PY, "-c", (
-        "import sqlite3, time\nfrom mmt.service.registry import Registry\n"
+        "import sqlite3, sys, time\nfrom mmt.service.registry import Registry\n"
         "db = sqlite3.connect(Registry().path, isolation_level=None)\ndb.execute('BEGIN IMMEDIATE')\n"
-        "db.execute(\"UPDATE jobs SET state = 'CORRUPT' WHERE name = 'twin-0'\")\n"
-        "print('in the middle', flush=True)\ntime.sleep(60)\n")], env=app_env(tag), stdout=subprocess.PIPE, text=True)
+        "db.execute(\"UPDATE jobs SET state = 'CORRUPT' WHERE name = ?\", (sys.argv[1],))\n"
+        "print('in the middle', flush=True)\ntime.sleep(60)\n"), names[0]], env=app_env(tag),
+        stdout=subprocess.PIPE, text=True)
     assert writer.stdout.readline().strip() == "in the middle"
     writer.kill()
     writer.wait()
-    row = _listed(tmp_path, "twin-0")
-    assert row["status"] == "Completed"  # the half-done write is gone; the registry reads as before
+    assert _listed(tmp_path, names[0])["status"] == "Completed"  # the half-done write is gone
     from mmt.service.registry import Registry
 
     with sqlite3.connect(Registry().path) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def registered(prefix: str) -> Dict[str, dict]:
+    """The registry's jobs whose name starts with ``prefix``, read straight from SQLite: name -> record fields."""
+    from mmt.service.registry import Registry
+
+    with closing(sqlite3.connect(Registry().path, timeout=30)) as db:
+        db.row_factory = sqlite3.Row
+        try:
+            rows = db.execute("SELECT * FROM jobs WHERE name LIKE ?", (prefix + "%",)).fetchall()
+        except sqlite3.OperationalError:  # no table yet: a new registry
+            return {}
+    return {row["name"]: {**dict(row), "result": json.loads(row["result"] or "null")} for row in rows}
+
+
+def kill_at_first_registration(command: List[str], prefix: str, tag: str) -> None:
+    """Start a launcher and SIGKILL its process group the moment its jobs are registered: mid-submit."""
+    launcher = subprocess.Popen(command, cwd=REPO, env=app_env(tag), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not registered(prefix):
+        assert launcher.poll() is None and time.monotonic() < deadline, "the launcher never registered a job"
+        time.sleep(0.002)
+    os.killpg(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+
+
+def test_a_local_launcher_killed_mid_submit_leaves_no_job_pending(tmp_path, tag):
+    prefix = f"cut-{tag[:6]}"
+    kill_at_first_registration(app_command("recipe=probe", "devices=1", "+x=range(0,4)",
+                                           f"hydra.launcher.name={prefix}", sweep_dir=tmp_path), prefix, tag)
+    listed = mmt("list", "--json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["name"]: row for row in json.loads(listed.stdout) if row["name"].startswith(prefix)}
+    assert len(rows) == 4 and {row["status"] for row in rows.values()} == {"Failed"}, rows
+    errors = [record["result"]["error"] for record in registered(prefix).values()]
+    assert any("ended before the job was started" in error for error in errors), errors
+    for name in rows:
+        assert mmt("delete", name, cwd=tmp_path).returncode == 0
+    assert registered(prefix) == {}
+    assert wait_gone(tag, timeout_s=10) == []
 
 
 def test_a_name_in_use_is_refused_before_anything_starts(tmp_path, tag):
@@ -173,3 +284,113 @@ def test_a_name_in_use_is_refused_before_anything_starts(tmp_path, tag):
     assert again.returncode == 2 and "the registry already holds a job named 'taken'" in again.stderr
     assert mmt("delete", "taken", cwd=tmp_path).returncode == 0
     assert mmt("run", "--name", "taken", "--command", "true", cwd=tmp_path, tag=tag).returncode == 0
+
+
+# The SDK side of the CLI/SDK walk-through (argv: the two job names, the gate file, the secret). The first job
+# prints two lines, then waits for the gate, then a digest of the secret it got through env=; the second sleeps.
+SDK_WALKTHROUGH = """
+import json, sys, time
+from mmt import Job, Status
+
+followed_name, stopped_name, gate, secret = sys.argv[1:]
+
+def running(job):
+    deadline = time.monotonic() + 60
+    while job.status != Status.Running:
+        assert time.monotonic() < deadline, job.status
+        time.sleep(0.05)
+    return job
+
+command = (f"echo first; echo second; while [ ! -e {gate} ]; do sleep 0.1; done; "
+           "printf %s \\"$PASSPHRASE\\" | sha256sum | cut -c1-16")
+job = running(Job.run(command=command, name=followed_name, env={"PASSPHRASE": secret}))
+try:
+    job.wait(timeout=0.1)
+except TimeoutError as exc:
+    print("TIMEOUT", exc, flush=True)
+print("RUNNING", flush=True)
+lines = list(job.logs(rank=0, follow=True))
+print("FOLLOWED", json.dumps(lines), job.status.value, flush=True)
+sleeper = running(Job.run(command="sleep 60", name=stopped_name))
+sleeper.stop()
+print("STOPPED", sleeper.wait(timeout=30).value, flush=True)
+"""
+
+
+def _table_row(table: str, name: str) -> List[str]:
+    """The cells of ``name``'s row in a plain `mmt list` table ([] when it is not listed)."""
+    return next((line.split() for line in table.splitlines() if line.split()[:1] == [name]), [])
+
+
+def test_the_cli_and_sdk_follow_tail_list_inspect_wait_stop_and_pass_env(tmp_path, tag):
+    followed, stopped, secret = f"follow-{tag[:6]}", f"stop-{tag[:6]}", f"pass-{tag}"
+    gate = tmp_path / "gate"
+    sdk = subprocess.Popen([PY, "-c", SDK_WALKTHROUGH, followed, stopped, str(gate), secret], cwd=tmp_path,
+                           env=app_env(tag), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said = [sdk.stdout.readline(), sdk.stdout.readline()]
+    assert said == [f"TIMEOUT job {followed} is still Running after 0.1 s\n", "RUNNING\n"], said + [sdk.stderr.read()]
+    follower = subprocess.Popen([MMT, "logs", followed, "-f"], cwd=tmp_path, env=app_env(tag),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert follower.stdout.readline() == "first\n"
+    assert _listed(tmp_path, followed)["status"] == "Running"  # it follows a running job
+    gate.touch()
+    # and ends by itself when the job ends. Read on through the same buffered pipe: readline() may have buffered
+    # the next lines already, which communicate() (reading the raw pipe) would never see
+    watchdog = threading.Timer(60, follower.kill)
+    watchdog.start()
+    try:
+        rest, errors = follower.stdout.read(), follower.stderr.read()
+        follower.wait()
+    finally:
+        watchdog.cancel()
+    digest = hashlib.sha256(secret.encode()).hexdigest()[:16]
+    assert (follower.returncode, "first\n" + rest) == (0, f"first\nsecond\n{digest}\n"), errors
+    out, err = sdk.communicate(timeout=120)
+    assert sdk.returncode == 0, err[-3000:]
+    assert f'FOLLOWED ["first\\n", "second\\n", "{digest}\\n"] Completed\n' in out  # the env value reached the command
+    assert "STOPPED Stopped\n" in out
+    assert mmt("logs", followed, "--tail", "1", cwd=tmp_path).stdout == f"{digest}\n"
+
+    table = mmt("list", cwd=tmp_path).stdout
+    assert _table_row(table, followed)[:6] == [followed, "Completed", "local", "cpu", "1", "x"]
+    assert _table_row(table, stopped)[:2] == [stopped, "Stopped"]
+    inspected = mmt("inspect", followed, cwd=tmp_path).stdout.splitlines()
+    assert f"name          {followed}" in inspected and "status        Completed" in inspected
+    assert "machines      0: Completed" in inspected and "topology      1 x 1" in inspected
+    # a job ended more than 7 days ago: only --all lists it
+    from mmt.service.registry import Registry
+
+    with closing(sqlite3.connect(Registry().path, timeout=30)) as db, db:
+        db.execute("UPDATE jobs SET created_at = created_at - 8 * 86400 WHERE name = ?", (stopped,))
+    assert _table_row(mmt("list", cwd=tmp_path).stdout, stopped) == []
+    assert _table_row(mmt("list", "--all", cwd=tmp_path).stdout, stopped)[:2] == [stopped, "Stopped"]
+
+    shown = out + err + table + "\n".join(inspected) + mmt("inspect", followed, "--json", cwd=tmp_path).stdout
+    assert secret not in shown  # mmt never prints the value
+    kept = [path for path in [*tmp_path.rglob("*"), *Registry().path.parent.glob("registry.sqlite*")]
+            if path.is_file() and secret.encode() in path.read_bytes()]
+    assert kept == []  # nor leaves it in a file
+    assert wait_gone(tag, timeout_s=10) == []
+
+
+def test_each_machine_of_a_running_job_has_its_own_status(tmp_path, tag):
+    # node 1's command ends at once, node 0's waits for a gate: while the job runs, its machines say so apiece
+    gate = tmp_path / "gate"
+    script = f"""
+import sys, time
+from mmt import Job, Status
+job = Job.run(name="apiece-{tag[:6]}", num_machines=2,
+              command='[ "$NODE_RANK" = 1 ] || while [ ! -e {gate} ]; do sleep 0.1; done')
+deadline = time.monotonic() + 60
+while [m.status for m in job.machines] != [Status.Running, Status.Completed]:
+    assert time.monotonic() < deadline, [m.status for m in job.machines]
+    time.sleep(0.1)
+print("APIECE", job.status.value, [m.status.value for m in job.machines], flush=True)
+open("{gate}", "w").close()
+print("ENDED", job.wait(timeout=60).value, [m.status.value for m in job.machines], flush=True)
+"""
+    done = subprocess.run([PY, "-c", script], cwd=tmp_path, env=app_env(tag), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "APIECE Running ['Running', 'Completed']" in done.stdout
+    assert "ENDED Completed ['Completed', 'Completed']" in done.stdout

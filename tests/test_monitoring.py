@@ -1,11 +1,13 @@
 """Watching a job: machine metrics sampled by the node agents, progress in the terminal (a real pty) and in plain
 logs, and the live page started for a launch."""
 
+import importlib.util
 import json
 import os
 import pty
 import select
 import subprocess
+import sys
 import time
 import urllib.request
 
@@ -27,6 +29,11 @@ def test_every_node_is_sampled_at_the_interval_and_cpu_hosts_have_no_gpu_fields(
         gaps = [b["t"] - a["t"] for a, b in zip(samples, samples[1:])]
         assert 0.3 < sorted(gaps)[len(gaps) // 2] < 1.0, gaps  # the median gap is the interval
         assert all("gpus" not in s for s in samples)  # absent, not zeros, on this CPU host
+        for key in ("cpu_percent", "job_cpu_percent"):  # the host's CPU and the job's own processes'
+            assert all(isinstance(s.get(key), (int, float)) and s[key] >= 0 for s in samples), key
+        assert max(s["job_cpu_percent"] for s in samples) > 0, "the job's ranks used no CPU at all?"
+        for key in ("disk_read_bytes_per_s", "disk_write_bytes_per_s"):  # rates: from the second sample on
+            assert all(isinstance(s.get(key), (int, float)) and s[key] >= 0 for s in samples[1:]), key
         last = samples[-1]
         assert last["mem_total_bytes"] > last["mem_used_bytes"] > 0 and last["job_processes"] >= 2
         assert last["job_rss_bytes"] > 10 << 20 and "net_recv_bytes_per_s" in last
@@ -50,6 +57,47 @@ def test_a_long_run_keeps_its_metrics_file_bounded(tmp_path):
     assert len(read_samples(path)) < before
 
 
+BENCH_SAMPLER = REPO / "benchmarks" / "bench_sampler.py"
+# the benchmark with its two measurements replaced by the given CPU rates (the real run takes a minute): its
+# verdict and exit status, in a process of its own, as CI sees them
+FAKE_MEASUREMENTS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import bench_sampler
+
+with_sampling, without = float(sys.argv[2]), float(sys.argv[3])  # the agent's CPU seconds per second
+bench_sampler.end_to_end = lambda interval_s, hold_s, scratch: {
+    "agent_cpu_per_s": with_sampling if interval_s else without, "window_s": 10.0}
+bench_sampler.sampler_alone = lambda samples: 1e-4
+bench_sampler.main(["--rounds", "1", *sys.argv[4:]])
+"""
+
+
+def _bench_verdict(with_sampling: float, without: float, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", FAKE_MEASUREMENTS, str(BENCH_SAMPLER.parent),
+                           str(with_sampling), str(without), *options], capture_output=True, text=True, timeout=60)
+
+
+def test_the_sampler_benchmark_fails_at_one_percent_of_a_core_or_more():
+    over = _bench_verdict(0.05, 0.02)  # the sampler: 3 % of a core
+    assert over.returncode == 1, over.stderr
+    [message] = over.stderr.splitlines()
+    assert "3.00 % of one core" in message and "under 1.00 %" in message, message
+    assert "(a) the host agent" in over.stdout  # the numbers are printed before the verdict
+    within = _bench_verdict(0.025, 0.02)  # 0.5 %
+    assert within.returncode == 0 and within.stderr == "", within.stderr
+    assert _bench_verdict(0.05, 0.02, "--max-share-percent", "5").returncode == 0
+
+    spec = importlib.util.spec_from_file_location("bench_sampler", BENCH_SAMPLER)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.build_parser().parse_args([]).max_share_percent == 1.0
+    with pytest.raises(SystemExit) as verdict:  # 1 % itself is over: the budget is "under 1 %"
+        bench.enforce_budget(1.0, 1.0)
+    assert verdict.value.code != 0
+    assert bench.enforce_budget(0.99, 1.0) is None
+
+
 def _nvidia_gpus() -> int:
     try:
         import pynvml
@@ -60,14 +108,34 @@ def _nvidia_gpus() -> int:
         return 0
 
 
-@pytest.mark.skipif(_nvidia_gpus() == 0, reason="no NVIDIA GPU and driver on this host: NVML has nothing to read")
-def test_nvml_reports_every_visible_gpu():
+def _why_no_nvml() -> str:
+    """Why the NVML test cannot run here, in words: no nvidia-ml-py, or no GPU and driver for it to read."""
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        return "nvidia-ml-py (pynvml) is not installed: NVML cannot be read here"
+    return "no NVIDIA GPU and driver on this host: NVML has nothing to read"
+
+
+@pytest.mark.skipif(_nvidia_gpus() == 0, reason=_why_no_nvml())
+def test_nvml_reports_every_visible_gpu(tmp_path):
     gpus = GpuReader(None).read()
     assert len(gpus) == _nvidia_gpus()
     for gpu in gpus:
         assert 0 <= gpu["util_percent"] <= 100 and gpu["mem_total_bytes"] >= gpu["mem_used_bytes"] > 0
         assert "name" in gpu
+        # the issue asks for power and temperature per GPU; a datacentre GPU reports both
+        assert gpu.get("power_w", 0) > 0, gpu
+        assert 0 < gpu.get("temp_c", 0) < 130, gpu
     assert GpuReader("").read() == []  # a CPU job on a GPU host
+
+    # what the node agent writes: one sample of the node holds the same GPUs
+    path = tmp_path / "metrics" / "node0.jsonl"
+    NodeSampler(path, 0, interval_s=1.0).sample([os.getpid()])
+    [written] = read_samples(path)
+    assert [gpu["index"] for gpu in written["gpus"]] == [gpu["index"] for gpu in gpus]
+    for gpu in written["gpus"]:
+        assert {"name", "util_percent", "mem_used_bytes", "mem_total_bytes", "power_w", "temp_c"} <= set(gpu)
 
 
 def test_on_a_cpu_host_nvml_reports_nothing_at_all():

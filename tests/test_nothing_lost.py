@@ -2,8 +2,10 @@
 interrupts, a full disk, the MASTER_PORT race, absurd sizes. Real processes throughout; every test runs under the
 ``tag`` fixture, which fails it if any process it started is still alive afterwards."""
 
+import errno
 import json
 import os
+import pickle
 import re
 import signal
 import socket
@@ -15,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (REPO, app_command, app_env, from_a_terminal, results, run_app, tagged_pids, wait_gone,
-                      wait_until)
+from conftest import (REPO, app_command, app_env, from_a_terminal, results, run_app, tagged_pids, tmpfs,
+                      wait_gone, wait_until)
 
 PY = sys.executable
 PROBE_2X2 = ("recipe=probe", "num_nodes=2", "devices=2")
@@ -64,15 +66,47 @@ def test_a_job_dir_a_live_launch_owns_is_refused_and_nothing_is_mixed(tmp_path, 
     first = _start(*PROBE_2X2, "recipe.hold_s=4", sweep_dir=tmp_path, tag=tag, stdout=subprocess.PIPE,
                    stderr=subprocess.PIPE)
     wait_until(lambda: (tmp_path / "0" / ".mmt" / "owner.json").exists(), 30, "the first launch to own job 0")
-    second = run_app(*PROBE_2X2, sweep_dir=tmp_path, tag=tag)
+    second = run_app(*PROBE_2X2, "+second=1", sweep_dir=tmp_path, tag=tag)
+    # refused before Hydra's sweeper writes its record: the first launch's multirun.yaml is untouched
+    assert "recipe.hold_s=4" in (tmp_path / "multirun.yaml").read_text()
+    assert "second=1" not in (tmp_path / "multirun.yaml").read_text()
     out, err = first.communicate(timeout=60)
     assert first.returncode == 0, err[-2000:]
     assert second.returncode != 0
-    assert f"job dir {tmp_path / '0'} is in use by a live launch: job 'train-" in second.stderr
+    assert (f"hydra.sweep.dir {tmp_path} is in use by a live launch: job 'train-" in second.stderr
+            and f"owns {tmp_path / '0'}" in second.stderr), second.stderr
     assert "HINT: wait for it (mmt wait NAME)" in second.stderr and "Traceback" not in second.stderr
     [result] = results(tmp_path)
     assert result["status"] == "COMPLETED"
     assert len((tmp_path / "summary.csv").read_text().splitlines()) == 2  # header + the first launch's row
+
+
+def test_a_claim_racing_a_release_never_gives_one_dir_two_owners(tmp_path, monkeypatch):
+    """A launch that opened the lock file just before its owner released the dir (and removed the file) holds,
+    once it gets its flock, a lock on a file nobody else opens: it must take the one the path names now."""
+    from mmt.errors import UsageError
+    from mmt.jobdir import JobDir
+    from mmt.launching import ownership
+
+    job_dir = JobDir(tmp_path / "0")
+    first = ownership.claim(job_dir, {"name": "first"}, lambda owner: False)
+    opened_before_release = [os.open(job_dir.lock, os.O_RDWR)]
+    first.release(forget=True)
+    second = ownership.claim(job_dir, {"name": "second"}, lambda owner: False)  # a new lock file
+    real_open = os.open
+
+    def racing_open(path, *args):  # the racer's first open happened before the release
+        if Path(path) == job_dir.lock and opened_before_release:
+            return opened_before_release.pop()
+        return real_open(path, *args)
+
+    monkeypatch.setattr(ownership.os, "open", racing_open)
+    try:
+        with pytest.raises(UsageError, match="is in use by a live launch: job 'second'"):
+            ownership.claim(job_dir, {"name": "third"}, lambda owner: False)
+    finally:
+        monkeypatch.undo()
+        second.release()
 
 
 def test_the_default_sweep_dir_is_unique_per_launch():
@@ -95,28 +129,42 @@ def test_secrets_are_never_printed_nor_stored_readable_by_others(tmp_path, tag):
     check = tmp_path / "check.py"  # prints the values' lengths: the values themselves stay unprinted
     check.write_text("import os\nprint('values-arrived', len(os.environ['SECRET_TOKEN']), "
                      "len(os.environ['HF_TOKEN']))\n")
-    overrides = ("num_nodes=2", f"+env.SECRET_TOKEN={SECRET}", "hydra.launcher.env_from=[HF_TOKEN]",
-                 f"command='{PY} {check}'")
-    dry = run_app(*overrides, "hydra.launcher.dry_run=true", sweep_dir=tmp_path / "dry", tag=tag, HF_TOKEN=COPIED)
+    # +a_setting sorts before +env in Hydra's override_dirname ("+a_setting=1,+env.SECRET_TOKEN=..."): a masking
+    # that only looks at the start of a string would miss the secret there
+    common = ("+a_setting=1", "num_nodes=2", "hydra.launcher.env_from=[HF_TOKEN]", f"command='{PY} {check}'")
+    one_variable, whole_section = f"+env.SECRET_TOKEN={SECRET}", f"+env={{SECRET_TOKEN:{SECRET}}}"
+    dry = run_app(*common, whole_section, "hydra.launcher.dry_run=true", sweep_dir=tmp_path / "dry", tag=tag,
+                  HF_TOKEN=COPIED)
     assert dry.returncode == 0 and "SECRET_TOKEN=***" in dry.stdout and "HF_TOKEN=***" in dry.stdout
-    done = run_app(*overrides, sweep_dir=tmp_path / "run", tag=tag, HF_TOKEN=COPIED)
+    # refused before anything starts: Hydra had written the sweep's multirun.yaml already
+    refused = run_app(*common, one_variable, "devices=zero", sweep_dir=tmp_path / "refused", tag=tag,
+                      HF_TOKEN=COPIED)
+    assert refused.returncode != 0 and "Invalid" in refused.stderr
+    done = run_app(*common, one_variable, sweep_dir=tmp_path / "run", tag=tag, HF_TOKEN=COPIED)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"[#0 n0] values-arrived {len(SECRET)} {len(COPIED)}" in done.stdout  # the ranks got the values
-    printed = dry.stdout + dry.stderr + done.stdout + done.stderr
+    section = run_app(*common, whole_section, sweep_dir=tmp_path / "section", tag=tag, HF_TOKEN=COPIED)
+    assert section.returncode == 0, section.stderr[-2000:]
+    assert f"values-arrived {len(SECRET)} {len(COPIED)}" in section.stdout
+    printed = "".join(p.stdout + p.stderr for p in (dry, refused, done, section))
     assert SECRET not in printed and COPIED not in printed
-    for path in (tmp_path / "run").rglob("*"):
-        if path.is_file():
-            assert SECRET.encode() not in path.read_bytes() and COPIED.encode() not in path.read_bytes(), path
-    for path in [tmp_path / "run" / "multirun.yaml", *(tmp_path / "run" / "0" / ".hydra").iterdir()]:
+    for run in ("dry", "refused", "run", "section"):
+        for path in (tmp_path / run).rglob("*"):
+            if path.is_file():
+                assert SECRET.encode() not in path.read_bytes() and COPIED.encode() not in path.read_bytes(), path
+        assert stat.S_IMODE((tmp_path / run / "multirun.yaml").stat().st_mode) == 0o600, run
+    for path in (tmp_path / "run" / "0" / ".hydra").iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert "env.SECRET_TOKEN=***" in (tmp_path / "run" / "0" / ".hydra" / "hydra.yaml").read_text()
     from mmt.service.registry import Registry
 
     assert SECRET.encode() not in Registry().path.read_bytes()
     assert "+env.SECRET_TOKEN=***" in results(tmp_path / "run")[0]["overrides"]
+    assert "+env={SECRET_TOKEN:***}" in results(tmp_path / "section")[0]["overrides"]
 
 
-def test_a_name_to_copy_that_the_launcher_lacks_is_refused(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "MISSING_TOKEN"}
+def test_a_name_to_copy_that_the_launcher_lacks_is_refused(tmp_path, tag):
+    env = {k: v for k, v in app_env(tag).items() if k != "MISSING_TOKEN"}
     done = subprocess.run(app_command("recipe=probe", "hydra.launcher.env_from=[MISSING_TOKEN]", sweep_dir=tmp_path),
                           cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode != 0
@@ -133,9 +181,35 @@ def test_a_payload_in_a_dir_others_can_write_is_not_unpickled(tmp_path):
     os.chmod(attempt.dir, 0o777)
     with pytest.raises(UnsafePayloadError, match="writable by others"):
         read_payload(attempt)
+    # the primary's return value is a pickle too: one planted there would run its code when loaded
+    from mmt.launching.outcome import read_primary_return
+
+    planted = tmp_path / "planted-ran"
+    (attempt.dir / "return.pkl").write_bytes(pickle.dumps(_Planted(str(planted))))
+    assert read_primary_return(attempt) is None and not planted.exists()
+    os.chmod(attempt.dir, 0o700)
+    read_primary_return(attempt)  # from a private dir it is read (and here, runs)
+    assert planted.exists()
+
+
+class _Planted:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
 
 
 # ------------------------------------------------------------------------------------ 4. killed wrappers, agents
+
+
+def _left_at(tag: str, deadline: float, spare: int) -> list:
+    """The job's processes (those carrying the tag, but ``spare``: the launcher) still alive at ``deadline``."""
+    while True:
+        left = [pid for pid in tagged_pids(tag) if pid != spare]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.02)
 
 
 def test_a_rank_wrapper_killed_outright_takes_its_command_with_it(tmp_path, tag):
@@ -148,8 +222,10 @@ def test_a_rank_wrapper_killed_outright_takes_its_command_with_it(tmp_path, tag)
                if b"RANK=1" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")]
     wrapper = int(Path(f"/proc/{shell}/status").read_text().split("PPid:\t")[1].split()[0])
     os.kill(wrapper, signal.SIGKILL)  # what the OOM killer does
+    # every process the job started is gone within kill_grace_s (1) + 1 s of the kill
+    assert _left_at(tag, time.monotonic() + 1 + 1, spare=launcher.pid) == []
     launcher.communicate(timeout=30)
-    assert wait_gone(tag, timeout_s=2.5) == []  # kill_grace_s (1) + 1 s, and a little for the test's own polling
+    assert wait_gone(tag) == []
     result = results(tmp_path)[0]
     assert result["status"] == "FAILED" and result["failure"]["signal"] == "SIGKILL"
     assert result["failure"]["rank"] == 1
@@ -162,8 +238,9 @@ def test_a_killed_agent_leaves_nothing_and_every_result_is_written(tmp_path, tag
     [agent] = [pid for pid in _pids_of(tag, "mmt.agent.server") if Path(f"/proc/{pid}/status").read_text()
                .split("PPid:\t")[1].split()[0] == str(launcher.pid)]
     os.kill(agent, signal.SIGKILL)
+    assert _left_at(tag, time.monotonic() + 1 + 1, spare=launcher.pid) == []  # kill_grace_s (1) + 1 s
     out, err = launcher.communicate(timeout=30)
-    assert wait_gone(tag, timeout_s=3) == []
+    assert wait_gone(tag) == []
     [result] = results(tmp_path)
     assert result["status"] == "FAILED"
     assert "the mmt host agent" in result["error"] and "exited unexpectedly" in result["error"]
@@ -172,12 +249,16 @@ def test_a_killed_agent_leaves_nothing_and_every_result_is_written(tmp_path, tag
 
 def test_a_setsid_grandchild_that_ignores_sigterm_is_gone_within_the_grace(tmp_path, tag):
     stubborn = "setsid sh -c \"trap \\\"\\\" TERM; sleep 300\" & sleep 300"
-    started = time.monotonic()
-    done = run_app("num_nodes=1", f"command='{stubborn}'", "hydra.launcher.kill_grace_s=0.2",
-                   "hydra.launcher.timeout_min=0.05", sweep_dir=tmp_path, tag=tag)
-    assert done.returncode != 0 and results(tmp_path)[0]["status"] == "TIMEOUT"
-    assert wait_gone(tag, timeout_s=1.2) == []
-    assert time.monotonic() - started < 3 + 1.2 + 10  # the limit (3 s), the grace, and startup
+    launcher = _start("num_nodes=1", f"command='{stubborn}'", "hydra.launcher.kill_grace_s=0.2",
+                      "hydra.launcher.timeout_min=0.05", sweep_dir=tmp_path, tag=tag, stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL)
+    wait_until(lambda: len(_pids_of(tag, "sleep 300")) >= 2, 60, "the command and its setsid'd grandchild")
+    running_seen = time.monotonic()  # the job started a little before: its 3 s limit ends before this + 3
+    # the time limit (3 s), then kill_grace_s (0.2) + 1 s
+    assert _left_at(tag, running_seen + 3 + 0.2 + 1, spare=launcher.pid) == []
+    launcher.communicate(timeout=30)
+    assert launcher.returncode != 0 and results(tmp_path)[0]["status"] == "TIMEOUT"
+    assert wait_gone(tag) == []
 
 
 # ------------------------------------------------------------------------------------ 5. the console
@@ -278,14 +359,8 @@ def test_a_launcher_under_nohup_keeps_its_jobs_through_a_hangup(tmp_path, tag):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()}): needs root")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+    with tmpfs(tmp_path / "small", "size=4m") as mount:
+        yield mount
 
 
 def test_a_full_disk_writes_what_it_can_and_says_what_it_could_not(small_disk, tmp_path, tag):
@@ -313,6 +388,10 @@ def test_a_reserved_master_port_is_never_handed_out_and_rank_zero_can_still_bind
     ports = PortReservations("127.0.0.1")
     port = ports.reserve()
     try:
+        # held, not merely chosen: a plain bind to it fails (a port chosen by binding and closing would be free)
+        with socket.socket() as other, pytest.raises(OSError) as taken:
+            other.bind(("127.0.0.1", port))
+        assert taken.value.errno == errno.EADDRINUSE
         for _ in range(3000):  # what any other process's bind(0) or outgoing connection could take
             with socket.socket() as other:
                 other.bind(("127.0.0.1", 0))
@@ -332,19 +411,18 @@ def test_a_reserved_master_port_is_never_handed_out_and_rank_zero_can_still_bind
 # ------------------------------------------------------------------------------------ 9. sizes
 
 
-def test_an_absurd_size_is_refused_before_any_rank_is_planned(tmp_path):
+def test_an_absurd_size_is_refused_before_any_rank_is_planned(tmp_path, tag):
     started = time.monotonic()
-    done = run_app("num_nodes=1000000000", "hydra.launcher.dry_run=true", sweep_dir=tmp_path)
+    done = run_app("num_nodes=1000000000", "hydra.launcher.dry_run=true", sweep_dir=tmp_path, tag=tag)
     assert done.returncode != 0 and time.monotonic() - started < 20
     assert ("Invalid num_nodes=1000000000: at most 1,024 nodes per job (cluster=local runs every process of a job "
             "on this host)") in done.stderr
 
 
-def test_a_dry_run_of_a_very_large_job_is_quick_and_short(tmp_path):
+def test_a_dry_run_of_a_very_large_job_is_quick_and_short(tmp_path, tag):
     started = time.monotonic()
     done = run_app("cluster=slurm", "num_nodes=4096", "machine=h100_x_8", "batch.global_size=65536",
-                   "hydra.launcher.dry_run=true",
-                   sweep_dir=tmp_path)
+                   "hydra.launcher.dry_run=true", sweep_dir=tmp_path, tag=tag)
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     assert "topology   4,096 nodes x 8 devices = 32,768 ranks" in done.stdout
@@ -366,11 +444,11 @@ def _hydra_startup_s(tmp_path) -> float:
     (["hydra.launcher.submitit_folder='/tmp/x\ntouch /tmp/mmt-pwned'"], "Invalid hydra.launcher.submitit_folder="),
     (["hydra.launcher.timeout_min=1e308"], "Invalid hydra.launcher.timeout_min=1e+308: expected a number <= 527,040"),
 ])
-def test_slurm_values_that_cannot_run_are_refused(overrides, message, tmp_path):
+def test_slurm_values_that_cannot_run_are_refused(overrides, message, tmp_path, tag):
     done = subprocess.run([PY, str(REPO / "train.py"), "-m", "cluster=slurm", "recipe=probe", *overrides,
                            "hydra.launcher.dry_run=true"] + ([] if "sweep.dir" in overrides[0]
                                                             else [f"hydra.sweep.dir={tmp_path}"]),
-                          cwd=REPO, env=app_env(), capture_output=True, text=True)
+                          cwd=REPO, env=app_env(tag), capture_output=True, text=True)
     assert done.returncode != 0 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not Path("/tmp/mmt-pwned").exists()
 
@@ -440,10 +518,10 @@ def test_every_failure_gets_a_readable_summary_note(what, note, tmp_path, tag):
     assert f"  job 0: {note}" in done.stdout, done.stdout
 
 
-def test_a_sweep_dir_that_cannot_be_written_is_one_line(tmp_path):
+def test_a_sweep_dir_that_cannot_be_written_is_one_line(tmp_path, tag):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    done = run_app("recipe=probe", sweep_dir=blocker / "sweep")
+    done = run_app("recipe=probe", sweep_dir=blocker / "sweep", tag=tag)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert f"{blocker} exists and is not a directory" in done.stderr
 

@@ -5,11 +5,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional, Set
+from typing import Any, Dict, List, Optional, Set
+
+from PIL import Image
 
 from conftest import REPO, results, run_app
 
-from mmt.monitor.plots import sweep_figure, write_sweep_plot
+from mmt.monitor.plots import PLOTTED_KEY, sweep_figure, write_sweep_plot
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Lightning's CSVLogger: a row per logged step, validation on rows of its own (the other cells empty)
@@ -65,6 +67,17 @@ def _line(ax, label: str):
     return line
 
 
+def plotted(png: Path) -> Dict[str, Any]:
+    """What the summary.png on disk says it plots (its text chunk), not what a fresh drawing would show."""
+    with Image.open(png) as image:
+        assert image.format == "PNG"
+        return json.loads(image.text[PLOTTED_KEY])
+
+
+def plotted_jobs(png: Path) -> List[tuple]:
+    return [(job["dir"], job["label"], job["status"]) for job in plotted(png)["jobs"]]
+
+
 def test_a_panel_per_swept_parameter_and_one_of_training_curves(tmp_path):
     fig = sweep_figure(_sweep(tmp_path))
     nodes, optim, curves = fig.axes  # +env.RUN differs between jobs but is no axis; recipe=lm is not swept
@@ -106,8 +119,25 @@ def test_the_png_is_written_atomically_and_is_a_png(tmp_path):
     assert data[:8] == PNG_SIGNATURE and len(data) > 1000
     assert not [p.name for p in sweep.iterdir() if p.name.startswith(".")], "no temp file left behind"
     assert write_sweep_plot(sweep) == path and path.read_bytes()[:8] == PNG_SIGNATURE  # replaced in place
+    assert plotted_jobs(path) == [("0", LABELS[0], "COMPLETED"), ("1", LABELS[1], "COMPLETED"),
+                                  ("2", LABELS[2], "FAILED")]
+    assert plotted(path)["metric"] == "val_loss"
+    assert [job["curves"] for job in plotted(path)["jobs"]] == [["train_loss", "val_loss"]] * 2 + [[]]
+    with Image.open(path) as image:  # and in words, for any PNG viewer
+        assert all(label in image.text["Description"] for label in LABELS)
     if os.environ.get("MMT_KEEP_PLOT"):  # to look at it: MMT_KEEP_PLOT=/tmp/x.png pytest tests/test_plots.py
         Path(os.environ["MMT_KEEP_PLOT"]).write_bytes(data)
+
+
+def test_a_plot_drawn_before_the_last_job_ended_says_so(tmp_path):
+    sweep = _sweep(tmp_path)
+    last = json.loads((sweep / "2" / "result.json").read_text())
+    (sweep / "2" / "result.json").unlink()  # job 2 still running
+    path = write_sweep_plot(sweep)
+    assert [job[0] for job in plotted_jobs(path)] == ["0", "1"]
+    (sweep / "2" / "result.json").write_text(json.dumps(last))
+    write_sweep_plot(sweep)
+    assert [job[0] for job in plotted_jobs(path)] == ["0", "1", "2"]
 
 
 def test_nothing_to_plot_gives_none(tmp_path):
@@ -179,6 +209,11 @@ def test_a_real_probe_sweep_is_plotted(tmp_path, tag):
     assert [r["status"] for r in results(tmp_path)] == ["COMPLETED", "COMPLETED"]
     # the engine wrote it at the end of the sweep
     assert (tmp_path / "summary.png").read_bytes()[:8] == PNG_SIGNATURE
+    # the file on disk plots both jobs, each with its metric
+    assert plotted_jobs(tmp_path / "summary.png") == [("0", "num_nodes=1", "COMPLETED"),
+                                                      ("1", "num_nodes=2", "COMPLETED")]
+    assert plotted(tmp_path / "summary.png")["metric"] == "seconds_to_first_collective"
+    assert all(isinstance(job["metric"], float) for job in plotted(tmp_path / "summary.png")["jobs"])
     [ax] = sweep_figure(tmp_path).axes  # the probe writes no metrics.csv: no curves panel
     assert {"num_nodes=1", "num_nodes=2"} <= _labels(ax)
     assert ax.get_ylabel() == "seconds_to_first_collective"
@@ -190,6 +225,12 @@ def test_the_readme_sweep_is_plotted_with_both_jobs_and_their_curves(tmp_path, t
                    sweep_dir=tmp_path, tag=tag)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "summary.png").read_bytes()[:8] == PNG_SIGNATURE
+    # the file the engine wrote at the end plots both jobs: their metric and their curves
+    assert plotted_jobs(tmp_path / "summary.png") == [("0", "num_nodes=1", "COMPLETED"),
+                                                      ("1", "num_nodes=2", "COMPLETED")]
+    drawn = plotted(tmp_path / "summary.png")
+    assert drawn["metric"] == "val_loss"
+    assert all(isinstance(job["metric"], float) and "train_loss" in job["curves"] for job in drawn["jobs"])
     metric, curves = sweep_figure(tmp_path).axes
     assert {"num_nodes=1", "num_nodes=2"} <= _labels(metric) and metric.get_ylabel() == "val_loss"
     assert {"num_nodes=1", "num_nodes=2"} <= _labels(curves)

@@ -107,3 +107,21 @@ def test_the_launchers_python_comes_first_on_path_and_in_a_venv_is_the_venv():
     system = PythonEnvironment(executable="/usr/bin/python3", prefix="/usr", in_venv=False)
     env = _env(RankPlace(0, 0, 1, 1), base={"PATH": "/bin", "VIRTUAL_ENV": "/stale"}, python=system)
     assert env["PATH"] == "/usr/bin:/bin" and "VIRTUAL_ENV" not in env
+
+
+@pytest.mark.parametrize("world_size, rank, fails", [(4, 1, False), (None, None, False), (-1, -1, False),
+                                                     (2, 1, True), (4, 3, True), (8, None, True)])
+def test_a_process_group_of_another_world_or_rank_than_the_plans_fails_at_once(world_size, rank, fails, monkeypatch):
+    from mmt.worker.guards import TopologyMismatchError, check_topology
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "1")
+    if not fails:
+        check_topology(_plan(2, 2), world_size, rank)
+        return
+    with pytest.raises(TopologyMismatchError) as error:
+        check_topology(_plan(2, 2), world_size, rank)
+    message = str(error.value)
+    assert f"init_process_group(world_size={world_size}, rank={rank})" in message
+    assert "started as rank 1 of WORLD_SIZE=4 (2 nodes x 2 devices)" in message
+    assert "HINT: wire the framework's topology to mmt's" in message and "trainer.num_nodes=${num_nodes}" in message

@@ -5,8 +5,10 @@ loss, return its validation loss, and, with dropout off, land on the same valida
 """
 
 import csv
+import json
 import math
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -60,13 +62,39 @@ def test_the_three_frameworks_reach_the_same_validation_loss(tmp_path_factory):
     assert max(losses.values()) - min(losses.values()) < 1e-3, losses
 
 
+# loaded by every interpreter of the job (PYTHONPATH): records every rename and move, to see how checkpoints land
+RECORD_MOVES = """
+import json, os, shutil
+_log = os.environ["MOVES_LOG"]
+def _recorded(name, original):
+    def call(src, dst, *args, **kwargs):
+        with open(_log, "a") as handle:
+            handle.write(json.dumps([name, os.fspath(src), os.fspath(dst)]) + "\\n")
+        return original(src, dst, *args, **kwargs)
+    return call
+os.replace = _recorded("replace", os.replace)
+shutil.move = _recorded("move", shutil.move)
+"""
+
+
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_recipe_runs_as_a_single_process_with_accumulation(recipe, tmp_path, tag):
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(RECORD_MOVES)
+    moves = tmp_path / "moves.jsonl"
     # one rank: no process group, no DDP wrapper; the plan still splits the global batch (32 = 1 x 8 x 4)
     done = run_app(f"recipe={recipe}", "batch.global_size=32", "batch.micro=8", "recipe.max_steps=4",
-                   "recipe.val_check_interval=2", "recipe.limit_val_batches=2", sweep_dir=tmp_path, tag=tag)
+                   "recipe.val_check_interval=2", "recipe.limit_val_batches=2", sweep_dir=tmp_path / "sweep",
+                   tag=tag, PYTHONPATH=str(hooks), MOVES_LOG=str(moves))
     assert done.returncode == 0, done.stderr[-3000:]
-    [result] = results(tmp_path)
+    [result] = results(tmp_path / "sweep")
     value = result["return_value"]
     assert (value["world_size"], value["steps"], value["micro_batch_size"], value["grad_accum"]) == (1, 4, 8, 4)
     assert math.isfinite(value["val_loss"]) and value["samples_per_s"] > 0
+    # every checkpoint is put in place by a rename from its own dir, never moved in from elsewhere (a move across
+    # filesystems is a copy that a kill can cut short)
+    checkpoint = job_dirs(tmp_path / "sweep")[0] / "checkpoints" / RECIPES[recipe]
+    placed = [(how, Path(src)) for how, src, dst in map(json.loads, moves.read_text().splitlines())
+              if Path(dst) == checkpoint]
+    assert placed and all(how == "replace" and src.parent == checkpoint.parent for how, src in placed), placed

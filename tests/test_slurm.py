@@ -1,8 +1,12 @@
 """cluster=slurm on a real two-node SLURM cluster started by scripts/slurm_cluster.sh (no fake sbatch)."""
 
 import json
+import os
+import shutil
 import signal
+import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -40,7 +44,7 @@ def test_probe_sweep_one_and_two_nodes_one_agent_per_node(tmp_path, tag):
     assert [a["host"] for a in agents] == ["node1", "node2"] and [a["pid"] for a in agents] == [parents[0], parents[2]]
     # the ranks see the contract, not SLURM's per-task variables (Lightning picks LightningEnvironment)
     assert {r["slurm_procid"] for r in ranks} == {None}
-    assert {r["master"] for r in ranks} == {f"node1:{20000 + int(two['scheduler_id']) % 20000}"}
+    assert {r["master"] for r in ranks} == {f"node1:{10000 + int(two['scheduler_id']) % 20000}"}
     assert two["return_value"]["all_reduce"] == 10.0
     assert [r["hostname"] for r in one["return_value"]["ranks"]] in (["node1"] * 2, ["node2"] * 2)
 
@@ -116,6 +120,92 @@ def test_ctrl_c_on_the_launcher_cancels_its_jobs(tmp_path, tag):
                            text=True).stdout
     assert state.startswith("CANCELLED")
     assert wait_gone(tag, timeout_s=15) == []
+
+
+def test_ctrl_c_while_jobs_are_being_submitted_leaves_no_job_unknown_or_unreported(tmp_path, tag):
+    """A terminal's Ctrl-C reaches the launcher's whole process group, an sbatch in flight included. That sbatch
+    still reports the job it submitted (which is then cancelled and reported), the jobs not submitted yet never
+    are, and the summary names every job."""
+    slow = tmp_path / "bin"  # an sbatch that takes its time, as a busy slurmctld does
+    slow.mkdir()
+    (slow / "sbatch").write_text(f"#!/bin/sh\nsleep 2\nexec {shutil.which('sbatch')} \"$@\"\n")
+    (slow / "sbatch").chmod(0o755)
+    env = app_env(tag, PATH=f"{slow}:{os.environ['PATH']}")
+    before = set(_squeue().split())
+    launcher = subprocess.Popen(app_command(*SLURM_PROBE, "num_nodes=1", "recipe.hold_s=60", "+x=1,2,3",
+                                            sweep_dir=tmp_path), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, preexec_fn=from_a_terminal,
+                                start_new_session=True)
+    seen = []
+    for line in launcher.stdout:  # the first sbatch starts right after this line
+        seen.append(line)
+        if "mmt: launching 3 job(s)" in line:
+            break
+    time.sleep(1.0)
+    os.killpg(launcher.pid, signal.SIGINT)
+    output = "".join(seen) + launcher.communicate(timeout=90)[0]
+    assert launcher.returncode == 130, output
+    [submitted] = results(tmp_path)
+    assert submitted["status"] == "INTERRUPTED" and submitted["scheduler_id"], output
+    assert output.count("not submitted: the launcher received SIGINT first") == 2, output
+    assert not (tmp_path / "1" / ".mmt" / "attempts").exists() or not any((tmp_path / "1" / ".mmt" / "attempts").iterdir())
+    deadline = time.monotonic() + 30
+    while set(_squeue().split()) - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert set(_squeue().split()) - before == set()
+    state = subprocess.run(["sacct", "-X", "-n", "-P", "-j", submitted["scheduler_id"], "-o", "State"],
+                           capture_output=True, text=True).stdout
+    assert state.startswith("CANCELLED"), state
+    assert wait_gone(tag, timeout_s=15) == []
+
+
+def test_a_master_port_another_process_holds_fails_the_job_at_once_naming_it(tmp_path, tag):
+    """On SLURM the port derives from the job id and node 0's agent holds it from its start; a port already held
+    by someone else fails the job in seconds, naming it, instead of a rendezvous that waits for the time limit."""
+    from mmt.backends.slurm.task import master_port
+
+    last = subprocess.run(["sacct", "-X", "-n", "-P", "-a", "-S", "2000-01-01", "-o", "JobID"], capture_output=True,
+                          text=True).stdout.split()
+    upcoming = max((int(i) for i in last if i.isdigit()), default=0) + 1
+    listeners = []
+    for job_id in range(upcoming, upcoming + 5):  # the next job ids (the tests run one at a time)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("", master_port(str(job_id))))
+        sock.listen()
+        listeners.append(sock)
+    try:
+        started = time.monotonic()
+        done = run_app(*SLURM_PROBE, "num_nodes=2", sweep_dir=tmp_path, tag=tag, timeout=120)
+        elapsed = time.monotonic() - started
+    finally:
+        for sock in listeners:
+            sock.close()
+    assert done.returncode != 0
+    [result] = results(tmp_path)
+    port = master_port(result["scheduler_id"])
+    assert result["status"] == "FAILED" and f"MASTER_PORT {port} on node1 is in use" in result["error"], result
+    assert elapsed < 30, elapsed
+    assert _squeue() == ""
+
+
+def test_commands_on_slurm_run_with_the_launchers_python_and_torchrun_on_a_path_that_lacks_them(tmp_path, tag):
+    bare_path = "/usr/bin:/bin"  # SLURM's commands are there; this environment's python and torchrun are not
+    env = app_env(tag, PATH=bare_path)
+    env.pop("VIRTUAL_ENV", None)
+    command = ('python -c "import sys, omegaconf; print(sys.executable)" && echo VENV=$VIRTUAL_ENV '
+               '&& echo TORCHRUN_AT=$(command -v torchrun)')
+    done = subprocess.run(app_command("cluster=slurm", "recipe=probe", "num_nodes=2", "devices=1",
+                                      "command_mode=per_rank,per_node", f"command='{command}'", sweep_dir=tmp_path),
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    venv_bin = os.path.dirname(os.path.abspath(sys.executable))
+    logs = sorted((tmp_path).glob("*/logs/*.log"))
+    assert len(logs) == 4, logs  # 2 ranks per_rank, 2 nodes per_node
+    for log in logs:
+        lines = log.read_text().splitlines()
+        assert os.path.abspath(sys.executable) in lines and f"VENV={sys.prefix}" in lines, (log, lines)
+        assert f"TORCHRUN_AT={venv_bin}/torchrun" in lines, (log, lines)
 
 
 SLURM_LM = ("cluster=slurm", "num_nodes=2", "devices=2", "hydra.launcher.poll_interval_s=0.5")

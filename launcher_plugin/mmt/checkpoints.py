@@ -1,7 +1,7 @@
-"""Checkpoints a rerun or a requeued job resumes from: written atomically (Lightning's and Fabric's saves go through
-fsspec's transaction, a temp file renamed into place; the raw-PyTorch recipe does the same), and checked before
-resuming, so a file cut short outside mmt's control (a full disk, a copy interrupted) is reported as such, with what
-to do, instead of torch's advice about ``weights_only``."""
+"""Checkpoints a rerun or a requeued job resumes from: written atomically, a temp file in the checkpoint's own dir
+renamed into place (the recipes' Lightning and Fabric saves through ``mmt.lightning.AtomicCheckpointIO``, the
+raw-PyTorch recipe's directly), and checked before resuming, so a file cut short outside mmt's control (a full disk,
+a copy interrupted) is reported as such, with what to do, instead of torch's advice about ``weights_only``."""
 
 import os
 import zipfile
@@ -19,8 +19,12 @@ def save_atomic(state: Any, path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def resume_from(path: Path, resume: bool) -> Optional[Path]:

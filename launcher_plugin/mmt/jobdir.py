@@ -25,6 +25,10 @@ A job dir (Hydra's ``<sweep dir>/<job num>``) holds what users read and what the
 
 ``i`` is the process index in the plan: the global rank, or the node in per-node command mode. Records are
 written atomically (a reader sees nothing or all of it); private files are readable by their owner only.
+
+A sweep dir holds its jobs' dirs, and ``summary.csv``, ``summary.png``, Hydra's ``multirun.yaml``; a detached
+local launch adds ``supervisor-<launch id>.log`` and, until its supervisor has read it, ``.mmt/supervisor-<launch
+id>.pkl`` (the jobs handed over: payloads and copied secrets, 0600).
 """
 
 from __future__ import annotations
@@ -131,8 +135,36 @@ class JobDir:
     def lock(self) -> Path:
         return self.private / "lock"
 
+    @property
+    def attempts(self) -> Path:
+        return self.private / "attempts"
+
     def attempt(self, attempt_id: str) -> "Attempt":
-        return Attempt(self.private / "attempts" / attempt_id)
+        return Attempt(self.attempts / attempt_id)
+
+
+@dataclass(frozen=True)
+class SweepDir:
+    """The dir of one launch's jobs (Hydra's ``hydra.sweep.dir``)."""
+
+    root: Path
+
+    @property
+    def private(self) -> Path:
+        return self.root / PRIVATE
+
+    def supervisor_spec(self, launch_id: str) -> Path:
+        return self.private / f"supervisor-{launch_id}.pkl"
+
+    def supervisor_log(self, launch_id: str) -> Path:
+        return self.root / f"supervisor-{launch_id}.log"
+
+    def job_dirs(self) -> "list[JobDir]":
+        """Its job dirs that an mmt launch has used (they have a private dir)."""
+        try:
+            return [JobDir(path.parent) for path in sorted(self.root.glob(f"*/{PRIVATE}"))]
+        except OSError:
+            return []
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,18 @@
-"""Lightning glue for mmt jobs: the cluster environment to use and the requeue-on-signal callback.
+"""Lightning glue for mmt jobs: the cluster environment to use, atomic checkpoints, the requeue-on-signal callback.
 
 Imports Lightning; import this module only from training code.
 """
 
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 import lightning as L
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from mmt import preemption
+from mmt.checkpoints import save_atomic
 
 
 def cluster_environment() -> Optional[SLURMEnvironment]:
@@ -18,6 +21,19 @@ def cluster_environment() -> Optional[SLURMEnvironment]:
     Lightning then validates ``devices == --ntasks-per-node`` and ``num_nodes == --nodes`` itself.
     """
     return SLURMEnvironment(auto_requeue=False) if SLURMEnvironment.detect() else None
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written to a temp file in their own dir, then renamed into place (``plugins=[...]`` of a Trainer
+    or of Fabric). Lightning's own save goes through fsspec's transaction, which writes the temp file in the
+    system's temp dir and moves it: across filesystems (a tmpfs /tmp, a job dir on shared storage) that move is a
+    copy, and a job killed during it leaves a truncated ``last.ckpt`` that every rerun would resume from."""
+
+    def save_checkpoint(self, checkpoint: dict, path: Any, storage_options: Optional[Any] = None) -> None:
+        if storage_options is not None or "://" in str(path):  # object stores: Lightning's own way
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        save_atomic(checkpoint, Path(path))
 
 
 class RequeueOnSignal(L.Callback):

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from mmt.errors import ConfigError
 from mmt.planning.machine import canonical_name, catalogue_names
-from mmt.service.handle import JobHandle
+from mmt.service.handle import JobHandle, Status  # noqa: F401  (Status: `from mmt import Status`, Lightning's states)
 from mmt.service.registry import Registry
 from mmt.service.submit import RunSpec, run
 

@@ -6,12 +6,15 @@ on the same agent, which imported the recipe's modules once.
 """
 
 import weakref
-from typing import Any, ClassVar, Optional, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Optional, Sequence
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
+
+if TYPE_CHECKING:  # the engine is imported lazily (plugin discovery stays light)
+    from mmt.backends.base import Backend
 
 
 class MMTLauncher(Launcher):
@@ -25,7 +28,7 @@ class MMTLauncher(Launcher):
         self.config: Optional[DictConfig] = None
         self.task_function: Optional[TaskFunction] = None
         self.hydra_context: Optional[HydraContext] = None
-        self.backend: Any = None
+        self.backend: Optional["Backend"] = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         from mmt.launching import hydra_jobs
@@ -36,6 +39,7 @@ class MMTLauncher(Launcher):
         hydra_jobs.check_sweep_dir(config)
         hydra_jobs.keep_composed_jobs(hydra_context)  # the sweeper composes each job to check it; launch() reuses it
         self.backend = hydra_jobs.make_backend(self.BACKEND, config.hydra.launcher)
+        hydra_jobs.refuse_sweep_in_use(config, self.backend)  # before the sweeper writes the sweep's record
         # the agent lives as long as this launcher: every batch of the sweep, then it goes (at the latest, with the
         # process; an app that launches in-process again gets a new launcher and a new agent)
         weakref.finalize(self, self.backend.close)
@@ -46,6 +50,7 @@ class MMTLauncher(Launcher):
         from mmt.launching import hydra_jobs
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        assert self.backend is not None
         return hydra_jobs.launch(self, job_overrides, initial_job_idx)
 
 

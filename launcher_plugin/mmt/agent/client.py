@@ -20,7 +20,10 @@ class AgentClient:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "mmt.agent.server", str(theirs.fileno()), str(os.getpid()), method],
             pass_fds=[theirs.fileno()],
+            # the agent writes nothing to stdout (its ranks write their logs): a pipe nobody reads, or one that
+            # is closed (| head), must not be held open or written by it; its rare warnings go to stderr
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
         )
         theirs.close()
         self.sock = ours

@@ -54,7 +54,7 @@ class Spawner:
             try:
                 __import__(name)
             except Exception as exc:  # the rank imports it itself and reports a real error
-                print(f"[mmt agent] could not preload {name}: {exc}", file=sys.stderr, flush=True)
+                _warn(f"could not preload {name}: {exc}")
 
     @staticmethod
     def _discover_hydra_plugins() -> None:
@@ -65,13 +65,20 @@ class Spawner:
 
             Plugins.instance()
         except Exception as exc:
-            print(f"[mmt agent] could not discover Hydra's plugins: {exc}", file=sys.stderr, flush=True)
+            _warn(f"could not discover Hydra's plugins: {exc}")
 
     def start(self, spec: ProcessSpec) -> int:
         pid = os.fork()
         if pid == 0:  # child: never returns
             _become_process(spec, self.method)
         return pid
+
+
+def _warn(text: str) -> None:
+    try:
+        print(f"[mmt agent] {text}", file=sys.stderr, flush=True)
+    except OSError:  # a closed stderr (2>&1 | head): the warning is lost, the agent goes on
+        pass
 
 
 def _become_process(spec: ProcessSpec, method: str) -> None:

@@ -23,7 +23,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mmt.backends.base import Backend, JobHandle, JobOutcome, JobState, Submission
 from mmt.jobdir import Attempt, JobDir, new_attempt_id, read_json
@@ -35,7 +35,7 @@ from mmt.launching.report import SummaryRow, append_summary_csv, first_line, for
 from mmt.launching.signals import SignalTrap
 from mmt.monitor.progress import ProgressView
 from mmt.planning.plan import JobPlan
-from mmt.planning.redact import masked_overrides
+from mmt.planning.redact import env_names_in, masked_overrides
 from mmt.service.registry import JobRecord, Registry
 
 _TICK_S = 0.05
@@ -82,6 +82,8 @@ class LaunchReport:
     interrupted_by: Optional[int] = None
     # jobs left running on purpose (SIGHUP on SLURM, Ctrl-C while re-attached): names, for `mmt wait`
     detached: List[str] = field(default_factory=list)
+    # jobs never submitted: the launch was interrupted while it submitted them (job numbers)
+    unsubmitted: List[int] = field(default_factory=list)
 
 
 @dataclass
@@ -150,8 +152,11 @@ def _record(plan: JobPlan, attempt: Attempt, backend: str, sweep_dir: Path, deta
 
 
 def _start(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions, console: Console,
-           detached: bool) -> List[_Watched]:
-    """Refuse, claim, write payloads, register and submit every job; on any failure nothing is left behind."""
+           detached: bool, trap: Optional[SignalTrap] = None) -> Tuple[List[_Watched], List[JobPlan]]:
+    """Refuse, claim, write payloads, register and submit every job; on any failure nothing is left behind.
+
+    A signal caught by ``trap`` stops the submitting: the jobs not submitted yet are given up (their claims, payloads
+    and records go) and returned second; the ones submitted are the caller's to stop."""
     plans = [job.plan for job in jobs]
     refuse_unrunnable(backend, plans)
     _refuse_taken_names(options.registry, plans)
@@ -167,6 +172,8 @@ def _start(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions
         console.write(f"mmt: launching {len(jobs)} job(s) on cluster={backend.name}, sweep dir "
                       f"{options.sweep_dir}\n")
         for job in jobs:
+            if trap is not None and trap.received is not None:
+                break
             plan = job.plan
             console.write(f"\t#{plan.num} {plan.name}: {' '.join(masked_overrides(plan.overrides, plan.secret_names))}"
                           f" ({plan.num_nodes} x {plan.devices})\n")
@@ -180,16 +187,26 @@ def _start(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions
     except BaseException:
         for item in watched:
             backend.cancel(item.handle, "the launch failed")
-        for num, held in claims.items():
-            if not any(item.plan.num == num for item in watched):
-                shutil.rmtree(attempts[num].dir, ignore_errors=True)
-                held.release(forget=backend.name == "local")
-        if options.registry is not None:
-            for plan in plans:
-                if not any(item.plan.num == plan.num for item in watched):
-                    options.registry.delete(plan.name)
+        _give_up(_unsubmitted(plans, watched), attempts, claims, backend, options.registry)
         raise
-    return watched
+    unsubmitted = _unsubmitted(plans, watched)
+    _give_up(unsubmitted, attempts, claims, backend, options.registry)
+    return watched, unsubmitted
+
+
+def _unsubmitted(plans: Sequence[JobPlan], watched: Sequence[_Watched]) -> List[JobPlan]:
+    submitted = {item.plan.num for item in watched}
+    return [plan for plan in plans if plan.num not in submitted]
+
+
+def _give_up(plans: Sequence[JobPlan], attempts: Dict[int, Attempt], claims: Dict[int, Claim], backend: Backend,
+             registry: Optional[Registry]) -> None:
+    """Jobs that were never submitted leave nothing behind: no attempt, no claim, no record."""
+    for plan in plans:
+        shutil.rmtree(attempts[plan.num].dir, ignore_errors=True)
+        claims[plan.num].release(forget=backend.name == "local")
+        if registry is not None:
+            registry.delete(plan.name)
 
 
 # ------------------------------------------------------------------------------------------------ entry points
@@ -222,9 +239,10 @@ def launch(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions
 def _launch(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions, console: Console,
             accepted: Optional[Callable[[List[Submitted]], None]], not_started: Sequence[NotStarted]
             ) -> LaunchReport:
-    watched = _start(jobs, backend, options, console, detached=False)
-    # from here to the last line of the summary, a signal is a flag (the first stops every job, a second hurries)
+    # from the first submission to the last line of the summary, a signal is a flag (the first stops every job, a
+    # second hurries): a Ctrl-C or a hangup while jobs are being submitted still ends with every result written
     with SignalTrap() as trap:
+        watched, unsubmitted = _start(jobs, backend, options, console, detached=False, trap=trap)
         try:
             if accepted is not None:
                 accepted([Submitted(w.plan, w.handle.attempt, backend.name, backend.poll(w.handle).scheduler_id)
@@ -241,6 +259,10 @@ def _launch(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOption
             for item in watched:
                 if item.claim is not None and item.claim.fd >= 0:
                     item.claim.release(forget=False)
+        report.unsubmitted = [plan.num for plan in unsubmitted]
+        why = f"not submitted: the launcher received {trap.name} first"
+        not_started = [*not_started, *(NotStarted(plan.num, masked_overrides(plan.overrides, plan.secret_names), why)
+                                       for plan in unsubmitted)]
         summarise(options.sweep_dir, report, console, not_started=not_started)
     return report
 
@@ -251,7 +273,7 @@ def submit(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions
     assert backend.survives_launcher, f"cluster={backend.name} jobs need a supervisor to outlive the launcher"
     own, console = console is None, console or Console()
     try:
-        watched = _start(jobs, backend, options, console, detached=True)
+        watched, _ = _start(jobs, backend, options, console, detached=True)
     finally:
         if own:
             console.close()
@@ -432,7 +454,8 @@ def summarise(sweep_dir: Path, report: LaunchReport, console: Console, write_csv
                                status=outcome.status.value, num_nodes=plan.num_nodes, devices=plan.devices,
                                duration_s=outcome.duration_s, metric=metric["value"], note=note))
     for refused in not_started:
-        rows.append(SummaryRow(job=refused.num, name="-", overrides=" ".join(refused.overrides), status="FAILED",
+        rows.append(SummaryRow(job=refused.num, name="-", overrides=" ".join(masked_overrides(
+                               refused.overrides, env_names_in(refused.overrides))), status="FAILED",
                                num_nodes=0, devices=0, duration_s=None, metric="-",
                                note=f"not started: {first_line(refused.reason)}"))
     rows.sort(key=lambda row: row.job)

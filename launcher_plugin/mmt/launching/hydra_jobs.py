@@ -16,7 +16,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from mmt.backends.base import Backend, JobState
 from mmt.errors import ConfigError, InvalidJobError
 from mmt.jobdir import write_atomic
-from mmt.launching import engine
+from mmt.launching import engine, ownership
 from mmt.launching.compose_once import ComposeOnce, compose_job
 from mmt.launching.compose_once import forget as forget_composed
 from mmt.launching.console import Console
@@ -35,8 +35,11 @@ from mmt.monitor import plots
 from mmt.planning import dryrun
 from mmt.planning import validate as check
 from mmt.planning.plan import plan_job
-from mmt.planning.redact import masked_config
+from mmt.planning.redact import env_names_in, masked_config
 from mmt.service.registry import Registry
+
+if TYPE_CHECKING:  # the launcher imports this module lazily; its type is for the checker only
+    from hydra_plugins.mmt_launcher.mmt_launcher import MMTLauncher
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,80}$")
@@ -72,6 +75,11 @@ def start_plotter(sweep_dir: Path, job_dirs: Sequence[str]) -> None:
     """summary.png's drawer imports matplotlib while the jobs run, when the sweep will have a plot worth it."""
     if plots.sweep_may_be_drawn(sweep_dir, job_dirs):
         plots.Plotter.start()
+
+
+def refuse_sweep_in_use(config: DictConfig, backend: Backend) -> None:
+    """Called in the launcher's setup(), before the sweeper writes ``multirun.yaml`` into the sweep dir."""
+    ownership.refuse_sweep_in_use(Path(str(config.hydra.sweep.dir)), backend.owner_active)
 
 
 def check_sweep_dir(config: DictConfig) -> None:
@@ -153,7 +161,18 @@ def prepare_job(*, hydra_context: Any, master: DictConfig, task_function: Any, b
                      config=config, optimize=optimize if isinstance(optimize, str) else None)
 
 
-def _protect_multirun_yaml(sweep_dir: Path, names: Set[str]) -> None:
+def _secret_names(config: DictConfig, job_overrides: Sequence[Sequence[str]]) -> List[str]:
+    """The env variables of the sweep's master config and of every job's overrides (before any job is planned)."""
+    try:
+        configured = OmegaConf.select(config, "hydra.launcher.env")
+    except Exception:  # an interpolation that does not resolve: planning each job names it
+        configured = None
+    names = list(configured) if isinstance(configured, (dict, DictConfig)) else []
+    overrides = [*OmegaConf.select(config, "hydra.overrides.task", default=[]), *(o for job in job_overrides for o in job)]
+    return env_names_in(overrides, names)
+
+
+def _protect_multirun_yaml(sweep_dir: Path, names: Sequence[str]) -> None:
     """Hydra's record of the sweep holds the env values too: masked, and readable by the owner only."""
     path = sweep_dir / "multirun.yaml"
     if not names or not path.exists():
@@ -205,20 +224,22 @@ def _dry_run(jobs: List[_HydraJob], backend: Backend) -> List[JobReturn]:
                       status=JobStatus.COMPLETED, _return_value=None) for job in jobs]
 
 
-def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+def launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
     try:
         return _launch(launcher, job_overrides, initial_job_idx)
     finally:
         forget_composed(launcher.hydra_context.config_loader)
 
 
-def _launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+def _launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
     setup_globals()
     config = launcher.config
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     backend: Backend = launcher.backend
     sweep_dir = Path(str(config.hydra.sweep.dir))
     up_front = OmegaConf.select(config, "hydra.sweeper._target_") == BASIC_SWEEPER
+    # Hydra wrote the sweep's record (multirun.yaml) before calling us: the env values in it go, whatever follows
+    _protect_multirun_yaml(sweep_dir, _secret_names(config, job_overrides))
     warm_up(backend, config)  # again, should the agent have gone since the last batch
     jobs: Dict[int, _HydraJob] = {}
     refused: Dict[int, Exception] = {}
@@ -236,8 +257,6 @@ def _launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
             refused[num] = InvalidJobError(f"job {num}", str(exc))
     if any(job.prepared.plan.dry_run for job in jobs.values()):
         return _dry_run(list(jobs.values()), backend)
-    names = {name for job in jobs.values() for name in job.prepared.plan.secret_names}
-    _protect_multirun_yaml(sweep_dir, names)
     mode = check.choice("hydra.launcher.console", config.hydra.launcher.console, engine.CONSOLE_MODES)
     options = engine.LaunchOptions(sweep_dir=sweep_dir, console=mode, registry=open_registry())
     if bool(OmegaConf.select(config, "hydra.launcher.detach")):
@@ -268,9 +287,14 @@ def _launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
             returns.append(_refused_return(launcher, overrides, refused[num]))
             continue
         job = jobs[num]
-        key = job.optimize or (None if up_front else job.prepared.plan.summary_metric)
+        # the basic sweeper takes the value as it is; one that optimises gets a number (optimized_metric, or else
+        # the recipe's summary_metric)
+        key = None if up_front else (job.optimize or job.prepared.plan.summary_metric)
         if num in by_num:
             returns.append(_job_return(job, by_num[num], key))
+        elif report is not None and num in report.unsubmitted:
+            returns.append(_failed_return(job, InvalidJobError(f"job {num}", "not submitted: the launch was "
+                                                               "interrupted first")))
         else:  # left running (detached on SIGHUP): no result yet
             returns.append(_failed_return(job, InvalidJobError(f"job {num}", "detached: still running")))
     if report is not None and report.interrupted_by is not None:
@@ -317,7 +341,7 @@ def detached_submit(jobs: List[engine.PreparedJob], backend: Backend, options: e
     return supervisor.start(jobs, backend.settings, options, LAUNCH_ID)
 
 
-def _detach(launcher: Any, jobs: List[_HydraJob], backend: Backend, options: engine.LaunchOptions, up_front: bool,
+def _detach(launcher: "MMTLauncher", jobs: List[_HydraJob], backend: Backend, options: engine.LaunchOptions, up_front: bool,
             refused: Dict[int, Exception], job_overrides: Sequence[Sequence[str]],
             initial_job_idx: int) -> List[JobReturn]:
     if not up_front:
@@ -325,7 +349,7 @@ def _detach(launcher: Any, jobs: List[_HydraJob], backend: Backend, options: eng
         raise ConfigError("hydra.launcher.detach", True, f"the sweeper {sweeper} decides its next trials from the "
                           "jobs' return values, and a detached launch returns before any job has one",
                           "run it attached (detach=false); the basic sweeper's grid can be detached")
-    from mmt.service.handle import JobHandle
+    from mmt.sdk import Job
 
     submitted = detached_submit([job.prepared for job in jobs], backend, options)
     for item in submitted:
@@ -343,10 +367,10 @@ def _detach(launcher: Any, jobs: List[_HydraJob], backend: Backend, options: eng
         job, item = jobs_by_num[num], by_num[num]
         returns.append(JobReturn(overrides=list(item.plan.overrides), cfg=job.config, hydra_cfg=None,
                                  working_dir=item.plan.job_dir, task_name=str(job.config.hydra.job.name),
-                                 status=JobStatus.COMPLETED, _return_value=JobHandle(item.plan.name)))
+                                 status=JobStatus.COMPLETED, _return_value=Job(item.plan.name)))
     return returns
 
 
-def _refused_return(launcher: Any, overrides: Sequence[str], error: Exception) -> JobReturn:
+def _refused_return(launcher: "MMTLauncher", overrides: Sequence[str], error: Exception) -> JobReturn:
     return JobReturn(overrides=list(overrides), cfg=None, hydra_cfg=None, working_dir="",
                      task_name=str(launcher.config.hydra.job.name), status=JobStatus.FAILED, _return_value=error)

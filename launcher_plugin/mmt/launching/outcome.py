@@ -5,15 +5,17 @@ how it ended. The launcher, a detached supervisor and a SLURM job's own last ste
 import json
 import math
 import signal
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import cloudpickle
 
-from mmt.backends.base import JobOutcome, JobState
+from mmt.backends.base import JobOutcome, JobState, ProcessState
 from mmt.errors import JobFailedError, JobInterruptedError, JobTimeoutError, RankFailedError, RankFailure
 from mmt.jobdir import Attempt, JobDir, write_atomic
+from mmt.launching.payload import UnsafePayloadError, check_private
 from mmt.planning.plan import JobPlan
 from mmt.planning.redact import masked_overrides
 
@@ -41,6 +43,21 @@ def _failure(plan: JobPlan, index: int, error: Optional[Dict[str, Any]], code: O
                        whole_node=plan.per_node)
 
 
+def process_state(attempt: Attempt, index: int, started: bool = True) -> ProcessState:
+    """Where process ``index`` is, by the records it and its agent left (``started``: whether the job runs yet)."""
+    if attempt.error(index) is not None:
+        return ProcessState.FAILED
+    exit_record = attempt.exit(index)
+    if exit_record is not None:
+        if exit_record.get("code") == 0:
+            return ProcessState.SUCCEEDED
+        return ProcessState.STOPPED if exit_record.get("stopped") else ProcessState.FAILED
+    done = attempt.done(index)
+    if done is not None:  # its task has finished; the process is exiting
+        return ProcessState.SUCCEEDED if done == 0 else ProcessState.FAILED
+    return ProcessState.RUNNING if started else ProcessState.PENDING
+
+
 def first_failure(plan: JobPlan, attempt: Attempt, terminated_at: Optional[float] = None,
                   outside_signals: Tuple[int, ...] = ()) -> Optional[RankFailure]:
     """The process that failed first, by the time of its record; None when none failed by itself.
@@ -51,18 +68,17 @@ def first_failure(plan: JobPlan, attempt: Attempt, terminated_at: Optional[float
     """
     found: List[Tuple[float, RankFailure]] = []
     for index in range(plan.process_count):
+        if process_state(attempt, index) != ProcessState.FAILED:
+            continue
         error, exit_record = attempt.error(index), attempt.exit(index)
         code = exit_record.get("code") if exit_record else None
-        if error is not None:
-            when = float(error.get("time", math.inf))
-            failure = _failure(plan, index, error, code)
-        elif exit_record is not None and code != 0 and not exit_record.get("stopped"):
-            if code is not None and code < 0 and -code in outside_signals:
-                continue
-            when = float(exit_record.get("time", math.inf))
-            failure = _failure(plan, index, None, code)
-        else:
+        if error is None and exit_record is None:
+            continue  # its task failed (done marker) and its exit is not recorded yet: the exit record names how
+        if error is None and code is not None and code < 0 and -code in outside_signals:
             continue
+        record = error if error is not None else exit_record
+        when = float(record.get("time", math.inf))
+        failure = _failure(plan, index, error, code)
         if terminated_at is None or when < terminated_at:
             found.append((when, failure))
     return min(found, key=lambda item: item[0])[1] if found else None
@@ -80,11 +96,16 @@ def all_succeeded(plan: JobPlan, attempt: Attempt) -> bool:
 
 
 def read_primary_return(attempt: Attempt) -> Any:
-    """The primary process's JobReturn, or None when it left none."""
+    """The primary process's JobReturn, or None when it left none (or left it where others could have written it:
+    a pickle is code, and it is only loaded from a dir this user owns that nobody else can write)."""
     try:
+        check_private(attempt.dir)
         with open(attempt.primary_return, "rb") as handle:
             return cloudpickle.load(handle)
     except (FileNotFoundError, NotADirectoryError, EOFError):
+        return None
+    except UnsafePayloadError as exc:
+        print(f"mmt: WARNING not reading job {attempt.job_dir.root}'s return value: {exc}", file=sys.stderr)
         return None
 
 

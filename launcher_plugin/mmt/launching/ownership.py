@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 from mmt.errors import UsageError
-from mmt.jobdir import JobDir, make_private_dir, read_json, write_atomic
+from mmt.jobdir import JobDir, SweepDir, make_private_dir, read_json, write_atomic
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Claim:
         if forget:
             self.job_dir.owner.unlink(missing_ok=True)
             self.job_dir.lock.unlink(missing_ok=True)
-            for path in (self.job_dir.private / "attempts", self.job_dir.private):
+            for path in (self.job_dir.attempts, self.job_dir.private):
                 try:
                     path.rmdir()
                 except OSError:
@@ -66,6 +66,11 @@ def claim(job_dir: JobDir, owner: Dict[str, Any], still_active: Callable[[Dict[s
     hint = ("HINT: wait for it (mmt wait NAME), stop it (mmt stop NAME), or choose another hydra.sweep.dir")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if not _still_named(fd, job_dir.lock):
+            # its owner released the dir (and removed the lock file) between our open and our flock: the lock we
+            # hold is on a file nobody else will open again; take the one the path names now
+            os.close(fd)
+            return claim(job_dir, owner, still_active)
     except BlockingIOError:
         os.close(fd)
         raise UsageError(f"job dir {job_dir.root} is in use by a live launch: "
@@ -79,6 +84,29 @@ def claim(job_dir: JobDir, owner: Dict[str, Any], still_active: Callable[[Dict[s
     result = Claim(job_dir=job_dir, fd=fd, owner=record)
     result.update()
     return result
+
+
+def _still_named(fd: int, path: Path) -> bool:
+    try:
+        opened, named = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (opened.st_dev, opened.st_ino) == (named.st_dev, named.st_ino)
+
+
+def refuse_sweep_in_use(sweep_dir: Path, still_active: Callable[[Dict[str, Any]], bool]) -> None:
+    """Before the sweeper writes the sweep's ``multirun.yaml``: a sweep dir where a live launch owns a job dir is
+    refused at once (the per-job claim would refuse it too, after Hydra had overwritten that launch's record)."""
+    for job_dir in SweepDir(sweep_dir).job_dirs():
+        owner = read_json(job_dir.owner)
+        if lock_is_held(job_dir.root):
+            raise UsageError(f"hydra.sweep.dir {sweep_dir} is in use by a live launch: {_described(owner)} owns "
+                             f"{job_dir.root}. HINT: wait for it (mmt wait NAME), stop it (mmt stop NAME), or choose "
+                             "another hydra.sweep.dir")
+        if owner and still_active(owner):
+            raise UsageError(f"hydra.sweep.dir {sweep_dir} is in use by {_described(owner)}, which outlived its "
+                             f"launcher and is still running ({job_dir.root}). HINT: wait for it (mmt wait NAME), "
+                             "stop it (mmt stop NAME), or choose another hydra.sweep.dir")
 
 
 def read_owner(job_dir: Path) -> Optional[Dict[str, Any]]:

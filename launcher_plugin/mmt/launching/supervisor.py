@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import cloudpickle
 
 from mmt.errors import UsageError
-from mmt.jobdir import Attempt, make_private_dir, write_atomic
+from mmt.jobdir import Attempt, SweepDir, make_private_dir, write_atomic
 from mmt.launching import engine
 from mmt.launching.console import Console
 from mmt.launching.payload import check_private
@@ -28,9 +28,9 @@ from mmt.launching.payload import check_private
 def start(jobs: Sequence[engine.PreparedJob], settings: Any, options: engine.LaunchOptions,
           launch_id: str) -> List[engine.Submitted]:
     """Hand ``jobs`` to a new supervisor process; returns once it has started them (raises what refused them)."""
-    spool = make_private_dir(options.sweep_dir / ".mmt")
-    spec = spool / f"supervisor-{launch_id}.pkl"
-    log = options.sweep_dir / f"supervisor-{launch_id}.log"
+    sweep = SweepDir(options.sweep_dir)
+    make_private_dir(sweep.private)
+    spec, log = sweep.supervisor_spec(launch_id), sweep.supervisor_log(launch_id)
     # holds the payloads (and copied secrets): the owner's only, removed by the supervisor once read
     # two layers: sys.path (plain data) first, so the app's modules can be found when the jobs are unpickled
     inner = cloudpickle.dumps({"jobs": list(jobs), "settings": settings, "options": options})

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 PLOT = "summary.png"
+# a text chunk of summary.png: the metric and the jobs drawn, as JSON, so the file itself says what it shows
+PLOTTED_KEY = "mmt:plotted"
 
 
 class Plotter:
@@ -105,6 +107,7 @@ class _Job:
     curves: Dict[str, Curve] = field(default_factory=dict)
     metric: Optional[float] = None
     label: str = ""
+    dir: str = ""  # the job dir's name in the sweep dir
 
 
 # --------------------------------------------------------------------------------------------- reading inputs
@@ -205,7 +208,7 @@ def _load(sweep_dir: Path) -> Tuple[List[_Job], str]:
         num = num if isinstance(num, int) and not isinstance(num, bool) else int(job_dir.name)
         jobs.append(_Job(num=num, status=str(record.get("status") or "UNKNOWN"),
                          params=_params(record.get("overrides")), value=record.get("return_value"),
-                         curves=_read_curves(job_dir / "metrics.csv")))
+                         curves=_read_curves(job_dir / "metrics.csv"), dir=job_dir.name))
         records.append(record)
     name = _metric_name(sweep_dir, jobs, records)
     for job in jobs:
@@ -396,7 +399,12 @@ def sweep_figure(sweep_dir: Path) -> Optional["Figure"]:
     """The sweep's figure: a metric panel per swept parameter (one if nothing is swept) and a panel of
     training curves when any job wrote metrics.csv. None when nothing is worth drawing: no job has a readable
     result.json, or a single job without curves."""
-    sweep_dir = Path(sweep_dir)
+    drawn = _draw(Path(sweep_dir))
+    return drawn[0] if drawn else None
+
+
+def _draw(sweep_dir: Path) -> Optional[Tuple["Figure", List[_Job], str]]:
+    """The sweep's figure (see ``sweep_figure``), the jobs drawn in it and the metric's name."""
     jobs, metric = _load(sweep_dir)
     with_curves = any(job.curves for job in jobs)
     if not jobs or not worth_drawing(len(jobs), with_curves):
@@ -425,7 +433,17 @@ def sweep_figure(sweep_dir: Path) -> Optional["Figure"]:
         statuses[job.status] = statuses.get(job.status, 0) + 1
     counts = ", ".join(f"{count} {status}" for status, count in sorted(statuses.items()))
     fig.suptitle(f"mmt sweep {sweep_dir.name}: {len(jobs)} job{'s' if len(jobs) > 1 else ''} ({counts})")
-    return fig
+    return fig, jobs, metric
+
+
+def plot_metadata(title: str, jobs: Sequence[_Job], metric: str) -> Dict[str, str]:
+    """The PNG's text chunks: what it plots, read from the file alone (a plot drawn before the last job ended
+    lists fewer jobs). ASCII JSON: a tEXt chunk is Latin-1, and overrides may be any text."""
+    plotted = [{"job": job.num, "dir": job.dir, "label": job.label, "status": job.status,
+                "metric": job.metric, "curves": sorted(job.curves)} for job in jobs]
+    described = "; ".join(f"{job.dir}: {job.label}" for job in jobs)
+    return {"Title": title, "Description": f"{metric} of {len(jobs)} jobs: {described}",
+            PLOTTED_KEY: json.dumps({"metric": metric, "jobs": plotted})}
 
 
 def write_sweep_plot(sweep_dir: Path) -> Optional[Path]:
@@ -433,14 +451,15 @@ def write_sweep_plot(sweep_dir: Path) -> Optional[Path]:
     plot or the new one) and return its path; None when there is nothing to plot. Unreadable inputs are
     skipped; only a failure to write the file raises (OSError): the caller reports it as for summary.csv."""
     sweep_dir = Path(sweep_dir)
-    fig = sweep_figure(sweep_dir)
-    if fig is None:
+    drawn = _draw(sweep_dir)
+    if drawn is None:
         return None
+    fig, jobs, metric = drawn
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)  # attaches itself to the figure: renders without pyplot or a global backend
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
+    fig.savefig(buffer, format="png", dpi=100, metadata=plot_metadata(fig.get_suptitle(), jobs, metric))
     fig.clear()  # a Figure not made by pyplot is registered nowhere: clearing it is all the closing it needs
     target = sweep_dir / PLOT
     tmp = sweep_dir / f".{PLOT}.{os.getpid()}.{secrets.token_hex(4)}"  # same dir: os.replace stays atomic

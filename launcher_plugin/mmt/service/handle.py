@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Tuple, Union
 
+from mmt.backends.base import ProcessState
 from mmt.jobdir import JobDir
 from mmt.service import status as job_status
 from mmt.service.registry import JobRecord, Registry
@@ -28,6 +29,18 @@ class Status(str, enum.Enum):
     def final(self) -> bool:
         return self in (Status.Stopped, Status.Completed, Status.Failed)
 
+
+
+def _node_status_of(states: "frozenset[ProcessState]") -> Status:
+    """A running job's node, from its processes' states: failed if one failed, stopping if one was stopped,
+    completed once all have succeeded, else running."""
+    if ProcessState.FAILED in states:
+        return Status.Failed
+    if ProcessState.STOPPED in states:
+        return Status.Stopping
+    if states and states == {ProcessState.SUCCEEDED}:
+        return Status.Completed
+    return Status.Running
 
 
 @dataclass(frozen=True)
@@ -163,6 +176,8 @@ class JobHandle:
 
     def _node_status(self, node: int) -> Status:
         job = self.status
+        if job == Status.Running:  # the node's own processes, by the records they left so far
+            return _node_status_of(job_status.process_states(self._record(), node))
         if not job.final:
             return job
         failure = (self._record().result or {}).get("failure")

@@ -17,9 +17,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
+from mmt.backends.base import FINAL_STATES
 from mmt.errors import UsageError
 
 HOME_VAR = "MMT_HOME"
+_FINAL_STATES = sorted(state.value for state in FINAL_STATES)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     name TEXT PRIMARY KEY,
@@ -168,6 +170,18 @@ class Registry:
         with self._connect() as db:
             db.execute(f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in values)} WHERE name = ?",
                        [*values.values(), name])
+
+    def conclude_unsubmitted(self, name: str, attempt: str, result: Dict[str, Any]) -> bool:
+        """Record ``result`` for a job that never got a scheduler id, unless in the meantime it did or it ended
+        (its launcher may have just saved the id, or concluded it): the check and the write are one statement, so
+        they cannot interleave with that launcher's writes. Whether it was recorded."""
+        with self._connect() as db:
+            changed = db.execute("UPDATE jobs SET state = ?, result = ?, ended_at = ? WHERE name = ? AND attempt = ? "
+                                 "AND scheduler_id IS NULL AND ended_at IS NULL AND state NOT IN "
+                                 f"({', '.join('?' for _ in _FINAL_STATES)})",
+                                 [result["status"], json.dumps(result), result["ended_at"], name, attempt,
+                                  *_FINAL_STATES]).rowcount
+        return changed == 1
 
     def get(self, name: str) -> Optional[JobRecord]:
         with self._connect() as db:

@@ -1,10 +1,7 @@
 """Facts about this host the local backend needs: a port for each job, CPU cores, GPUs. No torch import (too slow).
 
-**MASTER_PORT without a race.** Choosing a port by binding port 0 and closing it leaves a window before rank 0
-binds it, in which any process's outgoing connection or ``bind(0)`` can take it (rank 0 then fails with
-EADDRINUSE). mmt keeps the port bound, not listening, with SO_REUSEADDR, for as long as the job runs: Linux never
-hands a bound port to ``bind(0)`` or to an outgoing connection, while rank 0's TCPStore (which sets SO_REUSEADDR
-too) can still bind and listen on it.
+**MASTER_PORT without a race**: each job's port is held from the moment it is chosen until the job ends
+(``mmt.ports``).
 """
 
 import os
@@ -12,6 +9,8 @@ import shutil
 import socket
 import subprocess
 from typing import Dict, List
+
+from mmt.ports import hold_port
 
 
 class PortReservations:
@@ -22,10 +21,7 @@ class PortReservations:
         self._held: Dict[int, socket.socket] = {}
 
     def reserve(self) -> int:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, 0))
+        sock = hold_port(self.host)
         port = sock.getsockname()[1]
         self._held[port] = sock
         return port

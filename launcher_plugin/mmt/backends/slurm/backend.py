@@ -19,7 +19,7 @@ from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm.sbatch import SlurmSettings, python_command, render_script, sbatch_parameters, tasks_per_node
 from mmt.backends.slurm.task import SlurmTask
 from mmt.errors import ConfigError
-from mmt.jobdir import Attempt, make_private_dir
+from mmt.jobdir import Attempt, JobDir, make_private_dir
 from mmt.launching.outcome import all_succeeded
 from mmt.planning.plan import JobPlan, Limits
 
@@ -41,7 +41,12 @@ class SlurmJob(JobHandle):
 
 
 def job_name(plan: JobPlan) -> str:
-    return f"mmt-{plan.name}"
+    return job_name_for(plan.name)
+
+
+def job_name_for(name: str) -> str:
+    """SLURM's name for the job registered as ``name`` (unique while it is registered)."""
+    return f"mmt-{name}"
 
 
 @contextmanager
@@ -52,6 +57,28 @@ def _private_files() -> Iterator[None]:
         yield
     finally:
         os.umask(previous)
+
+
+_EXECUTOR: Any = None
+
+
+def _executor_class() -> Any:
+    """submitit's SlurmExecutor, with sbatch run in a session of its own: the terminal's Ctrl-C reaches the
+    launcher's whole process group, and an sbatch killed after slurmctld accepted the job, before it printed the
+    id, would leave a job that nobody knows of (the launcher itself takes the Ctrl-C, and stops what it submitted)."""
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        import submitit  # lazy: only cluster=slurm needs it
+
+        setsid = shutil.which("setsid")
+
+        class SessionSlurmExecutor(submitit.SlurmExecutor):  # type: ignore[misc]
+            def _make_submission_command(self, submission_file_path: Path) -> List[str]:
+                command = super()._make_submission_command(submission_file_path)
+                return [setsid, *command] if setsid else command
+
+        _EXECUTOR = SessionSlurmExecutor
+    return _EXECUTOR
 
 
 class SlurmBackend(Backend):
@@ -84,13 +111,13 @@ class SlurmBackend(Backend):
                             "scripts/slurm_cluster.sh start && eval \"$(scripts/slurm_cluster.sh env)\"")]
 
     def describe(self, plan: JobPlan) -> List[str]:
-        attempt = Attempt(Path(plan.job_dir) / ".mmt" / "attempts" / "<attempt>")
+        attempt = JobDir(Path(plan.job_dir)).attempt("<attempt>")
         script = render_script(plan, self.settings, self.project_dir, job_name(plan), attempt)
         srun = next(line for line in script.splitlines() if line.startswith("srun "))
         layout = ("one task per node: the node agent forks the node's ranks" if self.settings.agent_per_node
                   else "one task per rank")
         lines = [f"  backend    slurm: {tasks_per_node(plan, self.settings)} task(s) per node ({layout}); "
-                 "MASTER_ADDR=<first node of the allocation>, MASTER_PORT=20000 + job id % 20000",
+                 "MASTER_ADDR=<first node of the allocation>, MASTER_PORT=10000 + job id % 20000 (held by node 0)",
                  f"  srun       {srun}", "  sbatch script:"]
         lines += [f"    | {line}" for line in script.rstrip().splitlines()]
         return lines + [f"  WARNING    {problem}" for problem in self.problems(plan)]
@@ -102,13 +129,11 @@ class SlurmBackend(Backend):
     # ------------------------------------------------------------------------------------------ the interface
 
     def submit(self, submission: Submission) -> SlurmJob:
-        import submitit  # lazy: only cluster=slurm needs it
-
         plan = submission.plan
         folder = Path(self.settings.folder.split("%j")[0])
         make_private_dir(folder)
-        executor = submitit.SlurmExecutor(folder=self.settings.folder, max_num_timeout=0,
-                                          python=python_command(plan, self.settings, self.project_dir))
+        executor = _executor_class()(folder=self.settings.folder, max_num_timeout=0,
+                                     python=python_command(plan, self.settings, self.project_dir))
         executor.update_parameters(**sbatch_parameters(plan, self.settings, self.project_dir, job_name(plan),
                                                        submission.attempt))
         task = SlurmTask(plan=plan, attempt_dir=str(submission.attempt.dir),

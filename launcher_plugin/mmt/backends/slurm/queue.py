@@ -8,7 +8,10 @@ A query that fails (slurmctld busy, a timeout) says nothing: a job is only GONE 
 it and accounting, where there is accounting, has no record of it either.
 """
 
+import getpass
+import os
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, Optional
 
@@ -32,9 +35,11 @@ class JobState:
         return self.state in FINAL or self.state == GONE
 
 
-def _run(args: list) -> Optional[str]:
+def _run(args: list, env: Optional[Dict[str, str]] = None) -> Optional[str]:
+    # a session of its own: the terminal's Ctrl-C, sent to the launcher's whole process group, must not kill the
+    # scancel that the launcher runs because of that Ctrl-C
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        done = subprocess.run(args, capture_output=True, text=True, timeout=30, start_new_session=True, env=env)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
@@ -88,6 +93,25 @@ def job_states(job_ids: Iterable[str], accounting: bool = True) -> Dict[str, Job
         elif queued is not None and (accounted is not None or not accounting):
             states[job_id] = JobState(GONE)
     return states
+
+
+def latest_job_named(name: str, submitted_since: float) -> Optional[str]:
+    """This user's newest job called ``name`` submitted at ``submitted_since`` or later (whole seconds: not an older
+    job that had the same name); "" when there is none, None when the queue did not answer."""
+    out = _run(["squeue", "-h", "-t", "all", "-u", getpass.getuser(), "-n", name, "-o", "%i|%V"],
+               env={**os.environ, "SLURM_TIME_FORMAT": "standard"})
+    if out is None:
+        return None
+    rows = (line.strip().split("|", 1) for line in out.splitlines() if "|" in line)
+    ours = [job_id for job_id, submitted in rows if _submitted_since(submitted, submitted_since)]
+    return max(ours, key=lambda job_id: int(job_id) if job_id.isdigit() else 0, default="")
+
+
+def _submitted_since(submitted: str, since: float) -> bool:
+    try:
+        return time.mktime(time.strptime(submitted, "%Y-%m-%dT%H:%M:%S")) >= int(since) - 1
+    except ValueError:
+        return True  # a time that cannot be read counts as ours (better followed than failed)
 
 
 def is_active(job_id: str) -> Optional[bool]:

@@ -10,6 +10,7 @@ Either way every rank takes the requeue signal through ``mmt.preemption``.
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from mmt.agent.processes import ProcessSpec
 from mmt.jobdir import Attempt, JobDir
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.plan import JobPlan
+from mmt.ports import PortInUseError, hold_port
+from mmt.rank_env import MASTER_ADDR, MASTER_PORT
 
 # SLURM variable -> the fact it gives
 SLURM_ENV = {
@@ -37,9 +40,29 @@ SLURM_ENV = {
 }
 
 
+# MASTER_PORT = PORT_BASE + job id % PORT_SPAN: below Linux's ephemeral range (32768-60999), whose ports any
+# outgoing connection on the node may take
+PORT_BASE, PORT_SPAN = 10000, 20000
+
+
 def master_port(job_id: str) -> int:
     """A port every task of the job derives alike; different for concurrent jobs (ids differ)."""
-    return 20000 + int(re.sub(r"\D", "", job_id) or 0) % 20000
+    return PORT_BASE + int(re.sub(r"\D", "", job_id) or 0) % PORT_SPAN
+
+
+def hold_master_port(rendezvous: Rendezvous, attempt: Attempt, index: int) -> Optional[socket.socket]:
+    """On node 0, from the task's start until its end: hold the job's port, so that nothing on the node takes it
+    while the ranks import and start (``mmt.ports``). A port another process holds already fails the job now,
+    naming it, instead of rank 0 failing to bind it later (or its peers waiting for a store that never comes)."""
+    try:
+        return hold_port("", int(str(rendezvous.master_port)))
+    except PortInUseError as exc:
+        attempt.write_error(index, {
+            "exception": f"PortInUseError: MASTER_PORT {rendezvous.master_port} on {socket.gethostname()} is in use "
+                         "by another process (it derives from the SLURM job id). HINT: submit again: another job "
+                         "id gives another port",
+            "traceback": str(exc)})
+        return None
 
 
 def first_host(nodelist: str) -> str:
@@ -109,6 +132,17 @@ class SlurmTask:
         job_dir = JobDir(Path(self.plan.job_dir))
         job_dir.logs.mkdir(parents=True, exist_ok=True)
         rendezvous = Rendezvous(first_host(facts["nodelist"]), master_port(facts["job_id"]))  # once per node
+        indices = self.plan.node_indices(node)
+        held = hold_master_port(rendezvous, self.attempt, indices[0]) if node == 0 else None
+        if node == 0 and held is None:
+            return 1
+        try:
+            return self._run_agent(facts, node, rendezvous, job_dir)
+        finally:
+            if held is not None:
+                held.close()
+
+    def _run_agent(self, facts: Dict[str, str], node: int, rendezvous: Rendezvous, job_dir: JobDir) -> int:
         specs = []
         for index in self.plan.node_indices(node):
             self.attempt.clear_process(index)  # a requeued job runs again in place
@@ -137,7 +171,16 @@ class SlurmTask:
         from mmt.worker import main as worker
 
         self.attempt.clear_process(index)
-        return worker.run(self.attempt, index)
+        held = None
+        if index == 0:
+            held = hold_master_port(Rendezvous(env[MASTER_ADDR], int(env[MASTER_PORT])), self.attempt, index)
+            if held is None:
+                return 1
+        try:
+            return worker.run(self.attempt, index)
+        finally:
+            if held is not None:
+                held.close()
 
 
 def _redirect_output(log: Path) -> None:
