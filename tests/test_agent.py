@@ -3,6 +3,7 @@ libraries computed at import time; an app that never imports torch pays nothing 
 has no import cycle."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -169,3 +170,20 @@ def test_a_slurm_node_agent_gives_every_rank_the_nodes_gpus_and_its_local_rank(m
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["4,5", "4,5"]
     assert [(e["RANK"], e["LOCAL_RANK"], e["NODE_RANK"]) for e in envs] == [("2", "0", "1"), ("3", "1", "1")]
     assert all("SLURM_PROCID" not in e for e in envs)  # the contract, not SLURM's per-task view
+
+
+def test_only_jobdir_spells_the_names_in_a_job_or_sweep_dir():
+    # one module owns every file name of a job dir and its private .mmt/ (mmt.jobdir): another spelling would
+    # drift from it. (The tuner's trial dirs are its own; MMT_HOME's default ~/.mmt is not a job dir.)
+    import mmt
+
+    package = Path(mmt.__file__).parent
+    names = ("attempts", "owner.json", "lock", "plan.pkl", "job.pkl", "job.json", "return.pkl", "result.json",
+             "metrics.csv", "summary.csv", "summary.png", "multirun.yaml", "logs", "metrics", "checkpoints")
+    spelled = re.compile(r"""/ ?["'](%s)["']|["']\.mmt["']""" % "|".join(re.escape(n) for n in names))
+    allowed = {"jobdir.py", "service/registry.py"}
+    offenders = [f"{path.relative_to(package)}:{number}: {line.strip()}"
+                 for path in sorted(package.rglob("*.py"))
+                 if str(path.relative_to(package)) not in allowed and path.parent.name != "tune"
+                 for number, line in enumerate(path.read_text().splitlines(), 1) if spelled.search(line)]
+    assert offenders == [], "\n".join(offenders)

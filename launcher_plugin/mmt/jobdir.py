@@ -153,6 +153,19 @@ class SweepDir:
     def private(self) -> Path:
         return self.root / PRIVATE
 
+    @property
+    def summary_csv(self) -> Path:
+        return self.root / "summary.csv"
+
+    @property
+    def summary_png(self) -> Path:
+        return self.root / "summary.png"
+
+    @property
+    def multirun_yaml(self) -> Path:
+        """Hydra's record of the sweep (written by Hydra's sweeper)."""
+        return self.root / "multirun.yaml"
+
     def supervisor_spec(self, launch_id: str) -> Path:
         return self.private / f"supervisor-{launch_id}.pkl"
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mmt.backends.base import Backend, JobHandle, JobOutcome, JobState, Submission
-from mmt.jobdir import Attempt, JobDir, new_attempt_id, read_json
+from mmt.jobdir import Attempt, JobDir, SweepDir, new_attempt_id, read_json
 from mmt.launching.console import Console, LogFollower, tail
 from mmt.launching.outcome import missing_result, outcome_of_record, read_primary_return, result_record, write_result
 from mmt.launching.ownership import Claim, claim
@@ -464,15 +464,15 @@ def summarise(sweep_dir: Path, report: LaunchReport, console: Console, write_csv
     unwritten = [job.record["_write_error"] for job in report.jobs if "_write_error" in job.record]
     if rows and write_csv:
         try:
-            append_summary_csv(sweep_dir / "summary.csv", rows, metric_name)
+            append_summary_csv(SweepDir(sweep_dir).summary_csv, rows, metric_name)
         except OSError as exc:
-            unwritten.append(f"{sweep_dir / 'summary.csv'}: {exc.strerror or exc}")
+            unwritten.append(f"{SweepDir(sweep_dir).summary_csv}: {exc.strerror or exc}")
         try:
             from mmt.monitor.plots import Plotter
 
             Plotter.draw(sweep_dir)
         except OSError as exc:
-            unwritten.append(f"{sweep_dir / 'summary.png'}: {exc.strerror or exc}")
+            unwritten.append(f"{SweepDir(sweep_dir).summary_png}: {exc.strerror or exc}")
     if unwritten:
         console.write(f"mmt: could not write {len(unwritten)} file(s); the summary above is complete: "
                       + "; ".join(unwritten) + "\n")

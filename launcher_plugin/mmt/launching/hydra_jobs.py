@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mmt.backends.base import Backend, JobState
 from mmt.errors import ConfigError, InvalidJobError
-from mmt.jobdir import write_atomic
+from mmt.jobdir import SweepDir, write_atomic
 from mmt.launching import engine, ownership
 from mmt.launching.compose_once import ComposeOnce, compose_job
 from mmt.launching.compose_once import forget as forget_composed
@@ -174,7 +174,7 @@ def _secret_names(config: DictConfig, job_overrides: Sequence[Sequence[str]]) ->
 
 def _protect_multirun_yaml(sweep_dir: Path, names: Sequence[str]) -> None:
     """Hydra's record of the sweep holds the env values too: masked, and readable by the owner only."""
-    path = sweep_dir / "multirun.yaml"
+    path = SweepDir(sweep_dir).multirun_yaml
     if not names or not path.exists():
         return
     data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)

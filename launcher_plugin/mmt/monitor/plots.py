@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+from mmt.jobdir import JobDir, SweepDir
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-PLOT = "summary.png"
 # a text chunk of summary.png: the metric and the jobs drawn, as JSON, so the file itself says what it shows
 PLOTTED_KEY = "mmt:plotted"
 
@@ -164,7 +165,7 @@ def _read_curves(path: Path) -> Dict[str, Curve]:
 def _summary_csv_metric(sweep_dir: Path) -> Optional[str]:
     """The metric column of summary.csv: what the engine's summary showed (result.json may omit it)."""
     try:
-        with open(sweep_dir / "summary.csv", newline="") as handle:
+        with open(SweepDir(sweep_dir).summary_csv, newline="") as handle:
             header = next(csv.reader(handle), [])
     except (OSError, UnicodeDecodeError, csv.Error):
         return None
@@ -199,7 +200,7 @@ def _load(sweep_dir: Path) -> Tuple[List[_Job], str]:
         dirs = []
     for job_dir in sorted(dirs, key=lambda d: int(d.name)):
         try:
-            record = json.loads((job_dir / "result.json").read_text())
+            record = json.loads(JobDir(job_dir).result.read_text())
         except (OSError, ValueError):  # missing, unreadable, not JSON, not UTF-8
             continue
         if not isinstance(record, dict):
@@ -208,7 +209,7 @@ def _load(sweep_dir: Path) -> Tuple[List[_Job], str]:
         num = num if isinstance(num, int) and not isinstance(num, bool) else int(job_dir.name)
         jobs.append(_Job(num=num, status=str(record.get("status") or "UNKNOWN"),
                          params=_params(record.get("overrides")), value=record.get("return_value"),
-                         curves=_read_curves(job_dir / "metrics.csv"), dir=job_dir.name))
+                         curves=_read_curves(JobDir(job_dir).training_metrics), dir=job_dir.name))
         records.append(record)
     name = _metric_name(sweep_dir, jobs, records)
     for job in jobs:
@@ -461,8 +462,8 @@ def write_sweep_plot(sweep_dir: Path) -> Optional[Path]:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100, metadata=plot_metadata(fig.get_suptitle(), jobs, metric))
     fig.clear()  # a Figure not made by pyplot is registered nowhere: clearing it is all the closing it needs
-    target = sweep_dir / PLOT
-    tmp = sweep_dir / f".{PLOT}.{os.getpid()}.{secrets.token_hex(4)}"  # same dir: os.replace stays atomic
+    target = SweepDir(sweep_dir).summary_png
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}")  # same dir: os.replace is atomic
     try:
         # 0o666 less the umask, like the sweep's other files (mkstemp's 0600 would need a chmod)
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as handle:

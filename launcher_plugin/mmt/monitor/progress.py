@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from mmt.jobdir import JobDir
+
 # seconds between plain progress lines (CI logs); MMT_PROGRESS_EVERY_S changes it
 PLAIN_EVERY_S = float(os.environ.get("MMT_PROGRESS_EVERY_S") or 10.0)
 _READ_EVERY_S = 1.0
@@ -97,7 +99,8 @@ class ProgressView:
     @classmethod
     def for_plans(cls, console: Any, plans: List[Any]) -> "ProgressView":
         view = cls(console=console, jobs={p.num: _Job(num=p.num, name=p.name, total=p.max_steps,
-                                                     metrics=Path(p.job_dir) / "metrics.csv") for p in plans})
+                                                     metrics=JobDir(Path(p.job_dir)).training_metrics)
+                                  for p in plans})
         if console.is_terminal:
             view._live = console.live(view._table())
         return view
