@@ -85,8 +85,10 @@ def test_mmt_logs_of_rank_3_shows_rank_3s_own_output(tmp_path, tag):
 
 
 def _startup_s(tmp_path) -> float:
+    """What the same launch costs up to the submission: Hydra, composing, planning, validating (a dry run)."""
     started = time.monotonic()
-    run_app("hydra.launcher.dry_run=true", sweep_dir=tmp_path / "dry")
+    dry = run_app(*PROBE, "recipe.hold_s=6", "hydra.launcher.dry_run=true", sweep_dir=tmp_path / "dry")
+    assert dry.returncode == 0, dry.stderr[-2000:]
     return time.monotonic() - started
 
 
@@ -227,3 +229,19 @@ def test_a_rerun_after_a_killed_launcher_never_reads_the_old_jobs_files(tmp_path
     second = results(tmp_path)[0]
     assert second["status"] == "COMPLETED" and second["attempt"] != first["attempt"]
     assert second["scheduler_id"] != first["scheduler_id"] and second["duration_s"] > 3
+
+
+def test_a_detached_job_cancelled_while_it_waits_in_the_queue_is_listed_as_ended(tmp_path, tag):
+    # it never starts, so its own last step never runs: `mmt list` concludes it from what SLURM says
+    done = run_app(*PROBE, "hydra.launcher.detach=true", f"hydra.launcher.name=queued-{tag[:6]}",
+                   "+hydra.launcher.sbatch_extra.begin=now+600", sweep_dir=tmp_path, tag=tag, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    name = f"queued-{tag[:6]}-0"
+    wait_until(lambda: _row(name).get("status") == "Pending", 30, "Pending")
+    job_id = _row(name)["scheduler_id"]
+    subprocess.run(["scancel", job_id], check=True)
+    wait_until(lambda: _row(name).get("status") == "Stopped", 30, "Stopped")
+    [result] = results(tmp_path)
+    assert result["status"] == "INTERRUPTED" and "cancelled outside the launcher" in result["error"]
+    assert not (tmp_path / "0" / ".mmt" / "attempts" / result["attempt"] / "job.pkl").exists()  # its payload went
+    assert mmt("delete", name).returncode == 0

@@ -9,7 +9,7 @@ from mmt.backends.base import Backend, JobHandle, JobState, ProcessState
 from mmt.jobdir import JobDir, read_json
 from mmt.launching.ownership import lock_is_held, read_owner
 from mmt.launching.outcome import process_state
-from mmt.launching.payload import discard_payload, read_plan
+from mmt.launching.payload import UnsafePayloadError, discard_payload, read_plan
 from mmt.planning.plan import JobPlan
 from mmt.service.registry import JobRecord, Registry
 
@@ -84,8 +84,32 @@ def _refresh_slurm(record: JobRecord, registry: Registry) -> JobRecord:
         if current is not None and not current.final:
             state = JobState.RUNNING.value if current.state == "RUNNING" else JobState.PENDING.value
         elif current is not None:
-            state = JobState.STOPPING.value  # ended in SLURM; its result comes with re-attaching (mmt wait)
+            # ended in SLURM without its own last step writing the result (cancelled while it waited in the queue,
+            # a node lost): concluded here as that step would have, with what SLURM says
+            result = _conclude_ended_slurm_job(record, current.state)
+            state = JobState.STOPPING.value if result is None else state
     return _save(record, registry, state, result)
+
+
+def _conclude_ended_slurm_job(record: JobRecord, slurm_state: str) -> Optional[Dict[str, Any]]:
+    from mmt.backends.slurm.conclusion import conclude
+    from mmt.launching.outcome import read_primary_return, result_record, write_result
+
+    attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
+    try:
+        plan = read_plan(attempt)
+    except (OSError, UnsafePayloadError):  # its payload is gone or unsafe: `mmt wait` tells more
+        return None
+    outcome = conclude(plan, attempt, scheduler_id=str(record.scheduler_id), duration_s=None, slurm_state=slurm_state)
+    primary = read_primary_return(attempt)
+    value = getattr(primary, "_return_value", None) if primary is not None else None
+    result = result_record(plan, outcome, value, attempt.id, timing={"ended_at": time.time()})
+    try:
+        write_result(plan, result)
+    except OSError:
+        pass  # the registry keeps it; the job dir cannot be written from here
+    discard_payload(attempt)
+    return result
 
 
 def _unsubmitted_slurm_job(record: JobRecord, registry: Registry) -> JobRecord:
