@@ -168,8 +168,10 @@ def _secret_names(config: DictConfig, job_overrides: Sequence[Sequence[str]]) ->
     except Exception:  # an interpolation that does not resolve: planning each job names it
         configured = None
     names = list(configured) if isinstance(configured, (dict, DictConfig)) else []
-    overrides = [*OmegaConf.select(config, "hydra.overrides.task", default=[]), *(o for job in job_overrides for o in job)]
-    return env_names_in(overrides, names)
+    # as written: an override's value may hold an interpolation (trainer.num_nodes=${num_nodes}) of a job's key
+    task = OmegaConf.select(config, "hydra.overrides.task", default=None)
+    given = OmegaConf.to_container(task, resolve=False) if task is not None else []
+    return env_names_in([*map(str, given), *(o for job in job_overrides for o in job)], names)
 
 
 def _protect_multirun_yaml(sweep_dir: Path, names: Sequence[str]) -> None:
