@@ -147,7 +147,7 @@ def test_ctrl_c_while_jobs_are_being_submitted_leaves_no_job_unknown_or_unreport
     assert launcher.returncode == 130, output
     [submitted] = results(tmp_path)
     assert submitted["status"] == "INTERRUPTED" and submitted["scheduler_id"], output
-    assert output.count("not submitted: the launcher received SIGINT first") == 2, output
+    assert output.count("not started: the launcher received SIGINT before it was submitted") == 2, output
     assert not (tmp_path / "1" / ".mmt" / "attempts").exists() or not any((tmp_path / "1" / ".mmt" / "attempts").iterdir())
     deadline = time.monotonic() + 30
     while set(_squeue().split()) - before and time.monotonic() < deadline:

@@ -260,7 +260,7 @@ def _launch(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOption
                 if item.claim is not None and item.claim.fd >= 0:
                     item.claim.release(forget=False)
         report.unsubmitted = [plan.num for plan in unsubmitted]
-        why = f"not submitted: the launcher received {trap.name} first"
+        why = f"the launcher received {trap.name} before it was submitted"
         not_started = [*not_started, *(NotStarted(plan.num, masked_overrides(plan.overrides, plan.secret_names), why)
                                        for plan in unsubmitted)]
         summarise(options.sweep_dir, report, console, not_started=not_started)

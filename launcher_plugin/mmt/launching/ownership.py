@@ -76,7 +76,7 @@ def claim(job_dir: JobDir, owner: Dict[str, Any], still_active: Callable[[Dict[s
         raise UsageError(f"job dir {job_dir.root} is in use by a live launch: "
                          f"{_described(read_json(job_dir.owner))}. {hint}") from None
     previous = read_json(job_dir.owner)
-    if previous and still_active(previous):
+    if previous and _may_run(job_dir, previous, still_active):
         os.close(fd)
         raise UsageError(f"job dir {job_dir.root} is in use by {_described(previous)}, which outlived its "
                          f"launcher and is still running. {hint}")
@@ -84,6 +84,15 @@ def claim(job_dir: JobDir, owner: Dict[str, Any], still_active: Callable[[Dict[s
     result = Claim(job_dir=job_dir, fd=fd, owner=record)
     result.update()
     return result
+
+
+def _may_run(job_dir: JobDir, owner: Dict[str, Any], still_active: Callable[[Dict[str, Any]], bool]) -> bool:
+    """Whether the launch an owner.json names may still run: not when its attempt was concluded (by its launcher, or
+    by the job's own last step), which a look at the job dir tells without asking the scheduler."""
+    attempt = job_dir.attempt(str(owner.get("attempt") or "-"))
+    if attempt.concluded.exists() or attempt.finalized.exists():
+        return False
+    return still_active(owner)
 
 
 def _still_named(fd: int, path: Path) -> bool:
@@ -103,7 +112,7 @@ def refuse_sweep_in_use(sweep_dir: Path, still_active: Callable[[Dict[str, Any]]
             raise UsageError(f"hydra.sweep.dir {sweep_dir} is in use by a live launch: {_described(owner)} owns "
                              f"{job_dir.root}. HINT: wait for it (mmt wait NAME), stop it (mmt stop NAME), or choose "
                              "another hydra.sweep.dir")
-        if owner and still_active(owner):
+        if owner and _may_run(job_dir, owner, still_active):
             raise UsageError(f"hydra.sweep.dir {sweep_dir} is in use by {_described(owner)}, which outlived its "
                              f"launcher and is still running ({job_dir.root}). HINT: wait for it (mmt wait NAME), "
                              "stop it (mmt stop NAME), or choose another hydra.sweep.dir")
