@@ -43,8 +43,8 @@ def _failure(plan: JobPlan, index: int, error: Optional[Dict[str, Any]], code: O
                        whole_node=plan.per_node)
 
 
-def process_state(attempt: Attempt, index: int, started: bool = True) -> ProcessState:
-    """Where process ``index`` is, by the records it and its agent left (``started``: whether the job runs yet)."""
+def process_state(attempt: Attempt, index: int) -> ProcessState:
+    """Where process ``index`` of a started job is, by the records it and its agent left."""
     if attempt.error(index) is not None:
         return ProcessState.FAILED
     exit_record = attempt.exit(index)
@@ -55,7 +55,7 @@ def process_state(attempt: Attempt, index: int, started: bool = True) -> Process
     done = attempt.done(index)
     if done is not None:  # its task has finished; the process is exiting
         return ProcessState.SUCCEEDED if done == 0 else ProcessState.FAILED
-    return ProcessState.RUNNING if started else ProcessState.PENDING
+    return ProcessState.RUNNING
 
 
 def first_failure(plan: JobPlan, attempt: Attempt, terminated_at: Optional[float] = None,

@@ -20,6 +20,9 @@ from mmt.errors import UsageError
 from mmt.jobdir import JobDir, SweepDir, make_private_dir, read_json, write_atomic
 
 
+_IN_USE_HINT = "HINT: wait for it (mmt wait NAME), stop it (mmt stop NAME), or choose another hydra.sweep.dir"
+
+
 @dataclass
 class Claim:
     job_dir: JobDir
@@ -63,7 +66,6 @@ def claim(job_dir: JobDir, owner: Dict[str, Any], still_active: Callable[[Dict[s
     except OSError as exc:
         raise UsageError(f"cannot use job dir {job_dir.root}: {exc.strerror or exc}. HINT: choose a writable "
                          "hydra.sweep.dir") from None
-    hint = ("HINT: wait for it (mmt wait NAME), stop it (mmt stop NAME), or choose another hydra.sweep.dir")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if not _still_named(fd, job_dir.lock):
@@ -74,12 +76,12 @@ def claim(job_dir: JobDir, owner: Dict[str, Any], still_active: Callable[[Dict[s
     except BlockingIOError:
         os.close(fd)
         raise UsageError(f"job dir {job_dir.root} is in use by a live launch: "
-                         f"{_described(read_json(job_dir.owner))}. {hint}") from None
+                         f"{_described(read_json(job_dir.owner))}. {_IN_USE_HINT}") from None
     previous = read_json(job_dir.owner)
     if previous and _may_run(job_dir, previous, still_active):
         os.close(fd)
         raise UsageError(f"job dir {job_dir.root} is in use by {_described(previous)}, which outlived its "
-                         f"launcher and is still running. {hint}")
+                         f"launcher and is still running. {_IN_USE_HINT}")
     record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), **owner}
     result = Claim(job_dir=job_dir, fd=fd, owner=record)
     result.update()
@@ -110,12 +112,10 @@ def refuse_sweep_in_use(sweep_dir: Path, still_active: Callable[[Dict[str, Any]]
         owner = read_json(job_dir.owner)
         if lock_is_held(job_dir.root):
             raise UsageError(f"hydra.sweep.dir {sweep_dir} is in use by a live launch: {_described(owner)} owns "
-                             f"{job_dir.root}. HINT: wait for it (mmt wait NAME), stop it (mmt stop NAME), or choose "
-                             "another hydra.sweep.dir")
+                             f"{job_dir.root}. {_IN_USE_HINT}")
         if owner and _may_run(job_dir, owner, still_active):
             raise UsageError(f"hydra.sweep.dir {sweep_dir} is in use by {_described(owner)}, which outlived its "
-                             f"launcher and is still running ({job_dir.root}). HINT: wait for it (mmt wait NAME), "
-                             "stop it (mmt stop NAME), or choose another hydra.sweep.dir")
+                             f"launcher and is still running ({job_dir.root}). {_IN_USE_HINT}")
 
 
 def read_owner(job_dir: Path) -> Optional[Dict[str, Any]]:

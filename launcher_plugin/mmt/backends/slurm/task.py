@@ -7,6 +7,7 @@ then, by default (``tasks=per_node``), runs the node agent, which forks this nod
 Either way every rank takes the requeue signal through ``mmt.preemption``.
 """
 
+import contextlib
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, Iterator, List, Mapping, Optional
 
 from mmt import preemption
 from mmt.agent.node import NodeRun
@@ -50,19 +51,27 @@ def master_port(job_id: str) -> int:
     return PORT_BASE + int(re.sub(r"\D", "", job_id) or 0) % PORT_SPAN
 
 
-def hold_master_port(rendezvous: Rendezvous, attempt: Attempt, index: int) -> Optional[socket.socket]:
-    """On node 0, from the task's start until its end: hold the job's port, so that nothing on the node takes it
-    while the ranks import and start (``mmt.ports``). A port another process holds already fails the job now,
-    naming it, instead of rank 0 failing to bind it later (or its peers waiting for a store that never comes)."""
+@contextlib.contextmanager
+def master_port_held(rendezvous: Rendezvous, attempt: Attempt, index: int, here: bool) -> Iterator[bool]:
+    """Where ``here`` (node 0, or rank 0's own task), for as long as the block runs: hold the job's port, so that
+    nothing on the node takes it while the ranks import and start (``mmt.ports``). A port another process holds
+    already fails the job now, naming it (an error record of process ``index``; the block gets False), instead of
+    rank 0 failing to bind it later or its peers waiting for a store that never comes."""
+    if not here:
+        yield True
+        return
     try:
-        return hold_port("", int(str(rendezvous.master_port)))
+        held = hold_port("", int(str(rendezvous.master_port)))
     except PortInUseError as exc:
         attempt.write_error(index, {
             "exception": f"PortInUseError: MASTER_PORT {rendezvous.master_port} on {socket.gethostname()} is in use "
                          "by another process (it derives from the SLURM job id). HINT: submit again: another job "
                          "id gives another port",
             "traceback": str(exc)})
-        return None
+        yield False
+        return
+    with held:
+        yield True
 
 
 def first_host(nodelist: str) -> str:
@@ -132,15 +141,8 @@ class SlurmTask:
         job_dir = JobDir(Path(self.plan.job_dir))
         job_dir.logs.mkdir(parents=True, exist_ok=True)
         rendezvous = Rendezvous(first_host(facts["nodelist"]), master_port(facts["job_id"]))  # once per node
-        indices = self.plan.node_indices(node)
-        held = hold_master_port(rendezvous, self.attempt, indices[0]) if node == 0 else None
-        if node == 0 and held is None:
-            return 1
-        try:
-            return self._run_agent(facts, node, rendezvous, job_dir)
-        finally:
-            if held is not None:
-                held.close()
+        with master_port_held(rendezvous, self.attempt, self.plan.node_indices(node)[0], here=node == 0) as held:
+            return self._run_agent(facts, node, rendezvous, job_dir) if held else 1
 
     def _run_agent(self, facts: Dict[str, str], node: int, rendezvous: Rendezvous, job_dir: JobDir) -> int:
         specs = []
@@ -171,16 +173,9 @@ class SlurmTask:
         from mmt.worker import main as worker
 
         self.attempt.clear_process(index)
-        held = None
-        if index == 0:
-            held = hold_master_port(Rendezvous(env[MASTER_ADDR], int(env[MASTER_PORT])), self.attempt, index)
-            if held is None:
-                return 1
-        try:
-            return worker.run(self.attempt, index)
-        finally:
-            if held is not None:
-                held.close()
+        rendezvous = Rendezvous(env[MASTER_ADDR], int(env[MASTER_PORT]))
+        with master_port_held(rendezvous, self.attempt, index, here=index == 0) as held:
+            return worker.run(self.attempt, index) if held else 1
 
 
 def _redirect_output(log: Path) -> None:
