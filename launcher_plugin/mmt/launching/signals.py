@@ -1,7 +1,8 @@
 """Ctrl-C, SIGTERM and SIGHUP while jobs run: flags the engine acts on, never an exception in the middle of it.
 
 The first SIGINT/SIGTERM asks for an orderly stop (every rank stopped within the kill grace, every result written);
-a second one asks to hurry (SIGKILL now), still writing every result. SIGHUP is a lost terminal: the engine stops
+a second one asks to hurry (SIGKILL now), still writing every result. Once a signal has been received the flags stay
+until the process exits: every caller ends its process with 128+signal after an interrupted launch. SIGHUP is a lost terminal: the engine stops
 local jobs like SIGTERM, and lets SLURM jobs run on, detached, to be re-attached with ``mmt wait``.
 
 A signal that is ignored when the trap is set stays ignored, as Python itself does for SIGINT: ``nohup python
@@ -43,5 +44,10 @@ class SignalTrap:
         return None if self.received is None else signal.Signals(self.received).name
 
     def __exit__(self, *_: object) -> None:
+        if self.received is not None:
+            # an interrupted launch ends its process (exit 128+signal) once its last results and lines are written; a
+            # Ctrl-C pressed twice in quick succession must not break those last steps with a KeyboardInterrupt, so
+            # the flags stay in place until the process exits
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
