@@ -16,7 +16,7 @@ from typing import List
 import pytest
 
 from conftest import REPO, app_command, app_env, from_a_terminal, results, run_app, wait_until
-from test_job_service import kill_at_first_registration, registered
+from test_job_service import killed_at_submit, registered
 
 pytestmark = pytest.mark.slurm
 PY = sys.executable
@@ -162,15 +162,15 @@ def test_sigterm_to_an_attached_launcher_cancels_its_jobs_like_ctrl_c(tmp_path, 
 
 def test_a_launcher_killed_mid_submit_leaves_no_job_pending_forever(tmp_path, tag):
     prefix = f"cut-{tag[:6]}"
-    kill_at_first_registration(app_command("cluster=slurm", "recipe=probe", "num_nodes=1", "devices=1",
-                                           "+x=range(0,6)", f"hydra.launcher.name={prefix}", sweep_dir=tmp_path),
-                               prefix, tag)
+    killed_at_submit(app_command("cluster=slurm", "recipe=probe", "num_nodes=1", "devices=1", "+x=range(0,6)",
+                                 f"hydra.launcher.name={prefix}", sweep_dir=tmp_path), 2, tag,
+                     backend="mmt.backends.slurm.backend:SlurmBackend")
     listed = mmt("list", "--json")
     assert listed.returncode == 0, listed.stderr
     records = registered(prefix)
     submitted = {name: r["scheduler_id"] for name, r in records.items() if r["scheduler_id"]}
     cut_off = sorted(set(records) - set(submitted))
-    assert len(records) == 6 and cut_off, f"every job was submitted before the kill: {records}"
+    assert len(records) == 6 and len(submitted) == 2 and len(cut_off) == 4, records
     # every SLURM job of the launch is one the registry knows
     named = subprocess.run(["squeue", "-h", "-t", "all", "-n", ",".join(f"mmt-{name}" for name in records), "-o",
                             "%i"], capture_output=True, text=True).stdout.split()
