@@ -116,7 +116,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for round_ in range(args.rounds):
             for name in (("on", "off") if round_ % 2 == 0 else ("off", "on")):
-                runs[name].append(end_to_end(1.0 if name == "on" else 0.0, args.hold, Path(scratch) / f"{name}{round_}"))
+                interval_s = 1.0 if name == "on" else 0.0
+                runs[name].append(end_to_end(interval_s, args.hold, Path(scratch) / f"{name}{round_}"))
     on = statistics.median(r["agent_cpu_per_s"] for r in runs["on"])
     off = statistics.median(r["agent_cpu_per_s"] for r in runs["off"])
     share = 100.0 * (on - off)

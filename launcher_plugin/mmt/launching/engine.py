@@ -28,7 +28,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from mmt.backends.base import Backend, JobHandle, JobOutcome, JobState, Submission
 from mmt.jobdir import Attempt, JobDir, SweepDir, new_attempt_id, read_json
 from mmt.launching.console import Console, LogFollower, tail
-from mmt.launching.outcome import missing_result, outcome_of_record, read_primary_return, result_record, write_result
+from mmt.launching.outcome import (missing_result, outcome_of_record, read_primary_return, result_record,
+                                   return_value_of, write_result)
 from mmt.launching.ownership import Claim, claim
 from mmt.launching.payload import JobPayload, discard_payload, write_payload
 from mmt.launching.report import SummaryRow, append_summary_csv, first_line, format_summary, metric_of
@@ -146,7 +147,8 @@ def _record(plan: JobPlan, attempt: Attempt, backend: str, sweep_dir: Path, deta
     return JobRecord(name=plan.name, job_id=plan.job_id, backend=backend, job_dir=plan.job_dir,
                      sweep_dir=str(sweep_dir.absolute()), attempt=attempt.id, num_nodes=plan.num_nodes,
                      devices=plan.devices, machine=plan.machine.name, command=plan.command,
-                     command_mode=plan.command_mode, overrides=masked_overrides(plan.overrides, plan.secret_names), state=JobState.PENDING.value,
+                     command_mode=plan.command_mode, overrides=masked_overrides(plan.overrides, plan.secret_names),
+                     state=JobState.PENDING.value,
                      supervisor_pid=os.getpid(), supervisor_host=socket.gethostname(), detached=detached,
                      created_at=time.time())
 
@@ -281,7 +283,8 @@ def submit(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions
     for item in watched:
         if item.claim is not None:
             item.claim.release(forget=False)  # owner.json stays: a rerun asks SLURM whether the job still runs
-        submitted.append(Submitted(item.plan, item.handle.attempt, backend.name, backend.poll(item.handle).scheduler_id))
+        scheduler_id = backend.poll(item.handle).scheduler_id
+        submitted.append(Submitted(item.plan, item.handle.attempt, backend.name, scheduler_id))
     return submitted
 
 
@@ -390,8 +393,7 @@ def _conclude(item: _Watched, outcome: JobOutcome, console: Console, registry: O
     else:
         if outcome.status == JobState.COMPLETED and primary is None:
             outcome.status, outcome.failure = JobState.FAILED, missing_result(plan)
-        value = getattr(primary, "_return_value", None) if primary is not None else None
-        record = result_record(plan, outcome, value, attempt.id,
+        record = result_record(plan, outcome, return_value_of(primary), attempt.id,
                                timing={"started_at": item.started_at, "ended_at": time.time()})
         try:
             write_result(plan, record)

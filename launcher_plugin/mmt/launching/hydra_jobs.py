@@ -226,14 +226,16 @@ def _dry_run(jobs: List[_HydraJob], backend: Backend) -> List[JobReturn]:
                       status=JobStatus.COMPLETED, _return_value=None) for job in jobs]
 
 
-def launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+def launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
+           initial_job_idx: int) -> Sequence[JobReturn]:
     try:
         return _launch(launcher, job_overrides, initial_job_idx)
     finally:
         forget_composed(launcher.hydra_context.config_loader)
 
 
-def _launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+def _launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
+            initial_job_idx: int) -> Sequence[JobReturn]:
     setup_globals()
     config = launcher.config
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
@@ -343,8 +345,8 @@ def detached_submit(jobs: List[engine.PreparedJob], backend: Backend, options: e
     return supervisor.start(jobs, backend.settings, options, LAUNCH_ID)
 
 
-def _detach(launcher: "MMTLauncher", jobs: List[_HydraJob], backend: Backend, options: engine.LaunchOptions, up_front: bool,
-            refused: Dict[int, Exception], job_overrides: Sequence[Sequence[str]],
+def _detach(launcher: "MMTLauncher", jobs: List[_HydraJob], backend: Backend, options: engine.LaunchOptions,
+            up_front: bool, refused: Dict[int, Exception], job_overrides: Sequence[Sequence[str]],
             initial_job_idx: int) -> List[JobReturn]:
     if not up_front:
         sweeper = OmegaConf.select(launcher.config, "hydra.sweeper._target_")

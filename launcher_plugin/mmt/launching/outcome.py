@@ -109,6 +109,11 @@ def read_primary_return(attempt: Attempt) -> Any:
         return None
 
 
+def return_value_of(primary: Any) -> Any:
+    """The value the primary process's task returned (None when it left no JobReturn)."""
+    return getattr(primary, "_return_value", None) if primary is not None else None
+
+
 def running_detail(plan: JobPlan, running: List[int]) -> str:
     """Which processes had not reached the end at the time limit (TIMEOUT's message)."""
     if not running:

@@ -2,8 +2,9 @@
 
 The first SIGINT/SIGTERM asks for an orderly stop (every rank stopped within the kill grace, every result written);
 a second one asks to hurry (SIGKILL now), still writing every result. Once a signal has been received the flags stay
-until the process exits: every caller ends its process with 128+signal after an interrupted launch. SIGHUP is a lost terminal: the engine stops
-local jobs like SIGTERM, and lets SLURM jobs run on, detached, to be re-attached with ``mmt wait``.
+until the process exits: every caller ends its process with 128+signal after an interrupted launch. SIGHUP is a lost
+terminal: the engine stops local jobs like SIGTERM, and lets SLURM jobs run on, detached, to be re-attached with
+``mmt wait``.
 
 A signal that is ignored when the trap is set stays ignored, as Python itself does for SIGINT: ``nohup python
 train.py -m ...`` asks for a launcher that survives its terminal, and a background job of a script has SIGINT

@@ -171,10 +171,11 @@ class Registry:
             db.execute(f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in values)} WHERE name = ?",
                        [*values.values(), name])
 
-    def conclude_unsubmitted(self, name: str, attempt: str, result: Dict[str, Any]) -> bool:
-        """Record ``result`` for a job that never got a scheduler id, unless in the meantime it did or it ended
-        (its launcher may have just saved the id, or concluded it): the check and the write are one statement, so
-        they cannot interleave with that launcher's writes. Whether it was recorded."""
+    def conclude_orphan(self, name: str, attempt: str, result: Dict[str, Any]) -> bool:
+        """Record ``result`` for a job whose launcher is gone (a local job's, or a SLURM job's before it got its id),
+        unless in the meantime the job got an id or ended (its launcher may have just saved the id, or concluded
+        it): the check and the write are one statement, so they cannot interleave with that launcher's writes.
+        Whether it was recorded."""
         with self._connect() as db:
             changed = db.execute("UPDATE jobs SET state = ?, result = ?, ended_at = ? WHERE name = ? AND attempt = ? "
                                  "AND scheduler_id IS NULL AND ended_at IS NULL AND state NOT IN "

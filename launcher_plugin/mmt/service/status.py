@@ -93,7 +93,7 @@ def _refresh_slurm(record: JobRecord, registry: Registry) -> JobRecord:
 
 def _conclude_ended_slurm_job(record: JobRecord, slurm_state: str) -> Optional[Dict[str, Any]]:
     from mmt.backends.slurm.conclusion import conclude
-    from mmt.launching.outcome import read_primary_return, result_record, write_result
+    from mmt.launching.outcome import read_primary_return, result_record, return_value_of, write_result
 
     attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
     try:
@@ -101,8 +101,7 @@ def _conclude_ended_slurm_job(record: JobRecord, slurm_state: str) -> Optional[D
     except (OSError, UnsafePayloadError):  # its payload is gone or unsafe: `mmt wait` tells more
         return None
     outcome = conclude(plan, attempt, scheduler_id=str(record.scheduler_id), duration_s=None, slurm_state=slurm_state)
-    primary = read_primary_return(attempt)
-    value = getattr(primary, "_return_value", None) if primary is not None else None
+    value = return_value_of(read_primary_return(attempt))
     result = result_record(plan, outcome, value, attempt.id, timing={"ended_at": time.time()})
     try:
         write_result(plan, result)
@@ -150,7 +149,7 @@ def _conclude_orphan(record: JobRecord, registry: Registry, reason: str) -> JobR
     """FAILED, with ``reason``, unless another process got there first (then its record)."""
     result = {"status": JobState.FAILED.value, "error": f"{record.name}: {reason}", "attempt": record.attempt,
               "job": _job_num(record), "ended_at": time.time()}
-    if registry.conclude_unsubmitted(record.name, record.attempt, result):
+    if registry.conclude_orphan(record.name, record.attempt, result):
         record.state, record.result, record.ended_at = result["status"], result, result["ended_at"]
         # nothing will run it: its pickled config and copied secrets go (the records stay, for what they tell)
         discard_payload(JobDir(Path(record.job_dir)).attempt(record.attempt))

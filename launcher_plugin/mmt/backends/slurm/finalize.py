@@ -16,7 +16,7 @@ from typing import List, Optional
 from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm.sbatch import STARTED_VAR
 from mmt.jobdir import Attempt, read_json
-from mmt.launching.outcome import read_primary_return, result_record, write_result
+from mmt.launching.outcome import read_primary_return, result_record, return_value_of, write_result
 from mmt.launching.payload import discard_payload, read_plan
 
 
@@ -48,8 +48,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     outcome = conclude(plan, attempt, scheduler_id=job_id, duration_s=elapsed, slurm_state=None, stderr=_stderr(),
                        time_limit_reached=terminated is not None and elapsed >= limit_s - 5,
                        batch_terminated_at=terminated)
-    primary = read_primary_return(attempt)
-    value = getattr(primary, "_return_value", None) if primary is not None else None
+    value = return_value_of(read_primary_return(attempt))
     write_result(plan, result_record(plan, outcome, value, attempt.id,
                                      timing={"started_at": started, "ended_at": time.time()}))
     discard_payload(attempt)
