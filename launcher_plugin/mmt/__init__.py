@@ -7,7 +7,7 @@ launcher itself is the plugin ``hydra_plugins.mmt_launcher``.
 
 from typing import Any
 
-from mmt.rank_env import RankInfo
+from mmt.core.rank_env import RankInfo
 
 __all__ = ["RankInfo", "Job", "MMT", "Machine", "Status"]
 __version__ = "0.2.0"

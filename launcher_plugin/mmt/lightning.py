@@ -11,8 +11,8 @@ import lightning as L
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
-from mmt import preemption
-from mmt.checkpoints import save_atomic
+from mmt.core import preemption
+from mmt.core.checkpoints import save_atomic
 
 
 def cluster_environment() -> Optional[SLURMEnvironment]:

@@ -13,10 +13,10 @@ conclude themselves. Lightning-only parameters (studio, teamspace, cloud ...) ar
 import enum
 from typing import Any, Dict, List, Optional, Union
 
-from mmt.errors import ConfigError
+from mmt.core.errors import ConfigError
 from mmt.planning.machine import canonical_name, catalogue_names
-from mmt.service.handle import JobHandle, Status  # noqa: F401  (Status: `from mmt import Status`, Lightning's states)
-from mmt.service.registry import Registry
+from mmt.service.handle import RegisteredJob, Status  # noqa: F401  (Status: `from mmt import Status`, Lightning's states)
+from mmt.records.registry import Registry
 from mmt.service.submit import RunSpec, run
 
 #: Lightning's machine types in mmt's catalogue: ``Machine.T4``, ``Machine.A100_X_8`` ... (values: catalogue names)
@@ -51,7 +51,7 @@ def _refuse_lightning_only(options: Dict[str, Any]) -> None:
         raise TypeError(f"unexpected argument {key!r}")
 
 
-class Job(JobHandle):
+class Job(RegisteredJob):
     """Lightning's ``Job``: submit a command job, or find one again by name."""
 
     # ------------------------------------------------------------------------------------------ submitting

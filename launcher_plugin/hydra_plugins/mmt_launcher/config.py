@@ -1,7 +1,7 @@
 """Launcher configs, stored in Hydra's ConfigStore as ``hydra/launcher=mmt_local`` and ``mmt_slurm``.
 
-Imported during Hydra's plugin discovery (by every Hydra app on this interpreter): standard library, Hydra and
-OmegaConf only.
+Imported during Hydra's plugin discovery (by every Hydra app on this interpreter): standard library, Hydra,
+OmegaConf and the standard-library-only facts of ``mmt.core`` (the launch id, the enums).
 
 The fields of :class:`JobConf` describe *each job* and are read from the job's own composed config, never from the
 launcher's constructor (which Hydra resolves once, against the master config, so ``num_nodes=1,2`` would otherwise
@@ -13,32 +13,17 @@ is allowed and a hint. Every other field carries its real type.
 """
 
 import enum
-import secrets
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-# Unique per launcher process: the default sweep dir is ``${mmt_launch_id:}`` (its time and a random token), so two
-# sweeps started in the same second never share a dir (``${now:%H-%M-%S}`` alone collides); the launch's jobs are
-# named after it.
-_STARTED, _TOKEN = time.localtime(), secrets.token_hex(2)
-LAUNCH_ID = time.strftime("%H-%M-%S", _STARTED) + "-" + _TOKEN
-JOB_NAME_ID = time.strftime("%m%d-%H%M%S", _STARTED) + "-" + _TOKEN
+from mmt.core.launch_id import LAUNCH_ID
+from mmt.core.states import ConsoleMode, StartMethod
+
+# the default sweep dir is ``${mmt_launch_id:}``: unique per launcher process (see mmt.core.launch_id)
 OmegaConf.register_new_resolver("mmt_launch_id", lambda: LAUNCH_ID, replace=True)
-
-
-class StartMethod(enum.Enum):
-    fork = "fork"  # ranks fork from the node agent, which imported the recipe's `preload` once
-    spawn = "spawn"  # every rank is a fresh interpreter (slower; for code that is not fork-safe)
-
-
-class ConsoleMode(enum.Enum):
-    rank0 = "rank0"
-    all = "all"
-    none = "none"
 
 
 class SlurmTasks(enum.Enum):
@@ -113,6 +98,8 @@ class LocalLauncherConf(JobConf):
     """The embedded default: every job runs as N simulated nodes x M processes on this host."""
 
     _target_: str = "hydra_plugins.mmt_launcher.mmt_launcher.MMTLocalLauncher"
+    # the backend that runs the jobs: a name in mmt.backends.registry (set by the launcher config you select)
+    backend: str = "local"
     # most ranks running at once over the jobs of a sweep; a job larger than this still runs, alone.
     # null = max(4, CPU cores of this host)
     max_parallel_ranks: Optional[int] = None
@@ -125,6 +112,8 @@ class SlurmLauncherConf(JobConf):
     """Each job is one SLURM job of N nodes, submitted through submitit."""
 
     _target_: str = "hydra_plugins.mmt_launcher.mmt_launcher.MMTSlurmLauncher"
+    # the backend that runs the jobs: a name in mmt.backends.registry (set by the launcher config you select)
+    backend: str = "slurm"
     # submitit's folder (sbatch scripts, per-task logs, pickles); %j is the SLURM job id
     submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
     # one task per node running the node agent (default), or one task per rank

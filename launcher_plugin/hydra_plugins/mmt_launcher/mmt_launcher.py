@@ -1,4 +1,4 @@
-"""The Hydra launchers: one thin class per backend. The work happens in ``mmt.launching``.
+"""The Hydra launcher: a thin class; the work happens in ``_core`` (the Hydra adapter) and ``mmt.launching``.
 
 Imported during Hydra's plugin discovery, so the engine is imported lazily, inside ``setup()``/``launch()``. A
 launcher keeps its backend (and the local host agent) for as long as it lives: every batch a sweeper hands it runs
@@ -6,7 +6,7 @@ on the same agent, which imported the recipe's modules once.
 """
 
 import weakref
-from typing import TYPE_CHECKING, Any, ClassVar, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
@@ -18,9 +18,8 @@ if TYPE_CHECKING:  # the engine is imported lazily (plugin discovery stays light
 
 
 class MMTLauncher(Launcher):
-    """Expands each sweep job into a multi-node run: N nodes x M processes, one output dir, one JobReturn."""
-
-    BACKEND: ClassVar[str] = ""
+    """Expands each sweep job into a multi-node run: N nodes x M processes, one output dir, one JobReturn. The
+    backend is the launcher config's ``backend`` (a name in ``mmt.backends.registry``)."""
 
     def __init__(self, **params: Any) -> None:
         # Per-job values (num_nodes, devices, machine ...) are deliberately NOT taken from ``params``: Hydra
@@ -28,39 +27,35 @@ class MMTLauncher(Launcher):
         self.config: Optional[DictConfig] = None
         self.task_function: Optional[TaskFunction] = None
         self.hydra_context: Optional[HydraContext] = None
-        self.backend: Optional["Backend"] = None
+        self.backend: Optional["Backend[Any]"] = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        from mmt.launching import hydra_jobs
+        from mmt.launching import prepare
 
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
-        hydra_jobs.check_sweep_dir(config)
-        hydra_jobs.keep_composed_jobs(hydra_context)  # the sweeper composes each job to check it; launch() reuses it
-        self.backend = hydra_jobs.make_backend(self.BACKEND, config.hydra.launcher)
-        hydra_jobs.refuse_sweep_in_use(config, self.backend)  # before the sweeper writes the sweep's record
+        prepare.check_sweep_dir(config)
+        prepare.keep_composed_jobs(hydra_context)  # the sweeper composes each job to check it; launch() reuses it
+        self.backend = prepare.make_backend(config.hydra.launcher)
+        prepare.refuse_sweep_in_use(config, self.backend)  # before the sweeper writes the sweep's record
         # the agent lives as long as this launcher: every batch of the sweep, then it goes (at the latest, with the
         # process; an app that launches in-process again gets a new launcher and a new agent)
         weakref.finalize(self, self.backend.close)
         # the agent's interpreter starts now, while the sweeper checks the batch
-        hydra_jobs.warm_up(self.backend, config)
+        prepare.warm_up(self.backend, config)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from mmt.launching import hydra_jobs
+        from hydra_plugins.mmt_launcher import _core
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         assert self.backend is not None
-        return hydra_jobs.launch(self, job_overrides, initial_job_idx)
+        return _core.launch(self, job_overrides, initial_job_idx)
 
 
 class MMTLocalLauncher(MMTLauncher):
     """``hydra/launcher=mmt_local`` (``cluster=local``): N simulated nodes x M processes on this host."""
 
-    BACKEND = "local"
-
 
 class MMTSlurmLauncher(MMTLauncher):
     """``hydra/launcher=mmt_slurm`` (``cluster=slurm``): one SLURM job of N nodes per sweep job."""
-
-    BACKEND = "slurm"

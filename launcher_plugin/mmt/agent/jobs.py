@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from mmt import proctree
-from mmt.jobdir import Attempt
-from mmt.rank_env import MMT_JOB_ID, NODE_RANK
+from mmt.core import proctree
+from mmt.core.jobdir import Attempt
+from mmt.core.rank_env import MMT_JOB_ID, NODE_RANK
 
 
 @dataclass

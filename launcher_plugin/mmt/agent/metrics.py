@@ -7,7 +7,7 @@ from typing import Dict, Iterable, Optional
 
 from mmt.agent.jobs import JobProcesses
 from mmt.agent.processes import ProcessSpec
-from mmt.jobdir import JobDir
+from mmt.core.jobdir import JobDir
 
 
 class JobMetrics:

@@ -4,7 +4,7 @@ It follows the same rules as the local host agent (``mmt.agent.jobs``): it impor
 and forks the node's ranks, each with the rank contract; the first rank that fails stops its siblings and the
 agent exits non-zero, which ``srun --kill-on-bad-exit`` turns into the end of the other nodes. SIGTERM (scancel,
 the time limit) stops the ranks within the grace; the requeue signal is forwarded to every rank, whose
-``mmt.preemption`` handler takes it.
+``mmt.core.preemption`` handler takes it.
 """
 
 import os
@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Tuple
 
-from mmt import preemption, proctree
+from mmt.core import proctree
+
+from mmt.core import preemption
 from mmt.agent.jobs import JobProcesses
 from mmt.agent.metrics import JobMetrics
 from mmt.agent.processes import ProcessSpec, Spawner
-from mmt.jobdir import Attempt
+from mmt.core.jobdir import Attempt
 
 _TICK_S = 0.05
 

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, Iterable, Set
 
-from mmt import proctree
+from mmt.core import proctree
 
 # what every worker imports anyway, so a forked rank finds it loaded (cheap next to torch)
 WORKER_MODULES = ("omegaconf", "cloudpickle", "hydra.core.utils", "mmt.worker.main")

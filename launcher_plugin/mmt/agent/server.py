@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from mmt import proctree
+from mmt.core import proctree
 from mmt.agent import protocol
 from mmt.agent.jobs import JobProcesses
 from mmt.agent.metrics import JobMetrics
 from mmt.agent.processes import ProcessSpec, Spawner
-from mmt.jobdir import Attempt
+from mmt.core.jobdir import Attempt
 
 _TICK_S = 0.05
 

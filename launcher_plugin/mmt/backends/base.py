@@ -1,69 +1,29 @@
 """The interface between the engine and a backend: submit a job, poll it, cancel it, describe it. Never blocking.
 
-The engine's blocking launch is a loop over this interface (``mmt.launching.engine``); detached jobs, the CLI
-and the SDK use the same calls from other processes.
+* :class:`JobTracker` follows jobs to their end: poll, cancel, kill, wait. The engine's blocking launch is a loop
+  over one.
+* :class:`Backend` is a tracker that also plans and starts jobs, and answers for the jobs it registered from any
+  process (:meth:`Backend.refresh`, :meth:`Backend.stop`).
+* :class:`Watcher` is a tracker of jobs another process started (``mmt wait``, the SDK): it attaches to a registry
+  record. Each backend names its own (:meth:`Backend.watcher`).
+
+Every backend is reached by its ``cluster=`` name through :mod:`mmt.backends.registry`; nothing outside
+``mmt.backends`` compares backend names.
 """
 
 import abc
-import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, ClassVar, Dict, Generic, List, Mapping, Optional, TypeVar
 
-from mmt.errors import ConfigError, RankFailure
-from mmt.jobdir import Attempt
+from omegaconf import DictConfig
+
+from mmt.core.errors import ConfigError
+from mmt.core.jobdir import Attempt
+from mmt.core.states import JobState
 from mmt.planning.plan import JobPlan, Limits
-
-
-class JobState(str, enum.Enum):
-    """Where a job is. The last four are final; ``result.json`` holds one of them."""
-
-    PENDING = "PENDING"  # accepted, not started (waiting for capacity here, or in SLURM's queue)
-    RUNNING = "RUNNING"
-    STOPPING = "STOPPING"  # asked to stop (a failure, the time limit, an interrupt); its processes are going
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    TIMEOUT = "TIMEOUT"
-    INTERRUPTED = "INTERRUPTED"
-
-    @property
-    def final(self) -> bool:
-        return self in FINAL_STATES
-
-    def __str__(self) -> str:
-        return self.value
-
-
-FINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.TIMEOUT, JobState.INTERRUPTED})
-
-
-class ProcessState(str, enum.Enum):
-    """Where one process of a job is (a rank, or a node's command)."""
-
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"  # exited non-zero or was killed, by itself
-    STOPPED = "STOPPED"  # stopped by mmt (a sibling failed, the time limit, an interrupt)
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclass
-class JobOutcome:
-    """How a job ended, as a backend saw it."""
-
-    status: JobState
-    duration_s: Optional[float]
-    # FAILED: the first process that failed
-    failure: Optional[RankFailure] = None
-    # TIMEOUT: which processes were still running; INTERRUPTED: why
-    detail: str = ""
-    # the scheduler's id (SLURM job id), when there is one
-    scheduler_id: Optional[str] = None
-    # seconds from the decision to stop the job (failure, time limit, interrupt) until its last process was gone
-    stop_latency_s: Optional[float] = None
+from mmt.records.outcome import JobOutcome
+from mmt.records.registry import JobRecord, Registry
 
 
 @dataclass(frozen=True)
@@ -77,15 +37,17 @@ class Submission:
 
 
 @dataclass
-class JobStatus:
+class JobSnapshot:
+    """A job's state as one poll saw it (not Hydra's ``JobStatus``, which is one task function's)."""
+
     state: JobState
     scheduler_id: Optional[str] = None
     # once final
     outcome: Optional[JobOutcome] = None
 
 
-class JobHandle(abc.ABC):
-    """A submitted job, as its backend tracks it."""
+class JobHandle:
+    """A submitted job, as its backend tracks it (each backend keeps its own fields in a subclass)."""
 
     submission: Submission
 
@@ -98,13 +60,82 @@ class JobHandle(abc.ABC):
         return self.submission.attempt
 
 
-class Backend(abc.ABC):
-    """Where jobs run. Every method returns promptly; ``wait`` is the only one that may sleep."""
+H = TypeVar("H", bound=JobHandle)
+
+
+class JobTracker(abc.ABC, Generic[H]):
+    """Follows jobs to their end. Every method returns promptly; ``wait`` is the only one that may sleep."""
 
     #: the ``cluster=`` name
-    name: str
-    #: whether jobs run on when the launcher's process ends (SLURM's do; local ones are its agent's children)
-    survives_launcher: bool = False
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def poll(self, handle: H) -> JobSnapshot:
+        """The job's state now; with its outcome once final."""
+
+    @abc.abstractmethod
+    def cancel(self, handle: H, reason: str) -> None:
+        """Stop the job (INTERRUPTED, ``reason``); its processes go within the kill grace."""
+
+    def kill(self, handle: H) -> None:
+        """After ``cancel``: do not wait for the grace (a second Ctrl-C)."""
+
+    def wait(self, timeout_s: float) -> None:
+        """Block until something may have changed, at most ``timeout_s``."""
+        time.sleep(timeout_s)
+
+    def drain_notices(self) -> List[str]:
+        """Lines for the console since the last call (a job submitted, a job requeued)."""
+        return []
+
+    def close(self) -> None:
+        """Release what the tracker holds (an agent, connections)."""
+
+
+class Watcher(JobTracker[H]):
+    """Follows jobs that another process submitted and registered."""
+
+    @abc.abstractmethod
+    def attach(self, record: JobRecord) -> H:
+        """A handle to the registered job, to poll and cancel from here."""
+
+
+class Backend(JobTracker[H]):
+    """Where jobs run: plans are checked against it, jobs submitted to it."""
+
+    #: whether jobs run on when the launcher's process ends and conclude themselves (SLURM's do, inside their
+    #: allocation; local ones are the launcher's agent's children). Such a job's records stay after the launcher
+    #: concluded it (its own last step may still read them), and a detached launch needs no supervisor.
+    survives_launcher: ClassVar[bool] = False
+
+    #: the validated ``hydra.launcher.*`` settings the backend was built from (picklable: a detached supervisor
+    #: rebuilds the backend from them)
+    settings: Any
+
+    @abc.abstractmethod
+    def __init__(self, settings: Any) -> None:
+        """A backend from its validated settings."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_config(cls, launcher_cfg: DictConfig) -> "Backend[Any]":
+        """A backend from the launch's ``hydra.launcher`` config, each value validated (one line on a bad one)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def watcher(cls, poll_interval_s: float = 1.0) -> Watcher[Any]:
+        """A watcher for this backend's registered jobs, from a process that started none of them."""
+
+    @classmethod
+    @abc.abstractmethod
+    def refresh(cls, record: JobRecord, registry: Registry) -> JobRecord:
+        """A registered job that is not final, its state brought up to date from its job dir and scheduler, saved
+        when it changed. A job whose launcher died before it could run is concluded FAILED, saying so."""
+
+    @classmethod
+    @abc.abstractmethod
+    def stop(cls, record: JobRecord) -> str:
+        """Ask a registered job to stop, from any process; returns what was done, as a line for the user."""
 
     @property
     @abc.abstractmethod
@@ -120,34 +151,12 @@ class Backend(abc.ABC):
         """Backend-specific lines of the dry run (the sbatch script ...)."""
 
     @abc.abstractmethod
-    def submit(self, submission: Submission) -> JobHandle:
+    def submit(self, submission: Submission) -> H:
         """Accept a job; it may start now or wait for capacity."""
-
-    @abc.abstractmethod
-    def poll(self, handle: JobHandle) -> JobStatus:
-        """The job's state now; with its outcome once final."""
-
-    @abc.abstractmethod
-    def cancel(self, handle: JobHandle, reason: str) -> None:
-        """Stop the job (INTERRUPTED, ``reason``); its processes go within the kill grace."""
 
     def warm_up(self) -> None:
         """Get ready to start jobs (the local host agent), while the front end is still composing them."""
 
-    def kill(self, handle: JobHandle) -> None:
-        """After ``cancel``: do not wait for the grace (a second Ctrl-C)."""
-
-    def wait(self, timeout_s: float) -> None:
-        """Block until something may have changed, at most ``timeout_s``."""
-        time.sleep(timeout_s)
-
-    def drain_notices(self) -> List[str]:
-        """Lines for the console since the last call (a job submitted, a job requeued)."""
-        return []
-
     def owner_active(self, owner: Dict[str, Any]) -> bool:
         """Whether the launch recorded in a job dir's owner.json still runs, its launcher gone (a SLURM job)."""
         return False
-
-    def close(self) -> None:
-        """Release what the backend holds (its agent, its connections)."""

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from mmt.errors import MMTError
+from mmt.core.errors import MMTError
 
 # Lightning's flags that mean nothing here, and what to use instead (the SDK refuses the same parameters)
 _LIGHTNING_FLAGS = ("studio", "teamspace", "org", "cloud", "interruptible", "image-credentials", "cloud-account-auth",
@@ -149,7 +149,7 @@ def _list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from mmt.service.registry import Registry
+    from mmt.records.registry import Registry
     from mmt.service.status import refresh
 
     registry = Registry()
@@ -172,7 +172,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from mmt.service.registry import Registry
+    from mmt.records.registry import Registry
     from mmt.service.status import lightning_status, refresh
 
     registry = Registry()
@@ -215,7 +215,7 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from mmt.service.registry import Registry
+    from mmt.records.registry import Registry
     from mmt.service.status import refresh, stop
 
     registry = Registry()
@@ -226,10 +226,10 @@ def _stop(args: argparse.Namespace) -> int:
 def _wait(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from mmt.backends.base import JobState
+    from mmt.core.states import JobState
     from mmt.launching import engine
     from mmt.launching.report import format_summary
-    from mmt.service.registry import Registry
+    from mmt.records.registry import Registry
     from mmt.service.status import reattach, refresh, summary_row
     from mmt.service.submit import exit_code
 
@@ -254,8 +254,8 @@ def _wait(args: argparse.Namespace) -> int:
 
 
 def _delete(args: argparse.Namespace) -> int:
-    from mmt.backends.base import JobState
-    from mmt.service.registry import Registry
+    from mmt.core.states import JobState
+    from mmt.records.registry import Registry
     from mmt.service.status import refresh
 
     registry = Registry()
@@ -273,7 +273,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from pathlib import Path
 
         from mmt.dashboard.server import main as dashboard
-        from mmt.service.registry import Registry
+        from mmt.records.registry import Registry
 
         def registered() -> List[Path]:  # the registry's recent jobs, beside the dirs given
             return [Path(r.job_dir) for r in Registry().list(since=time.time() - 7 * 86400)]

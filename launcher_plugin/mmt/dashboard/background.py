@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from mmt import proctree
+from mmt.core import proctree
 
 
 class BackgroundDashboard:

@@ -1,4 +1,4 @@
-"""Reading job dirs for the dashboard: functions over the files named in :mod:`mmt.jobdir`, no web.
+"""Reading job dirs for the dashboard: functions over the files named in :mod:`mmt.core.jobdir`, no web.
 
 The page polls every ~1.5 s, so everything here is cheap to repeat: parsed files are cached per (size,
 mtime), logs are read by byte range (never whole), and what is sent is capped. Every path is resolved and must
@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from mmt.jobdir import LOGS, METRICS, PRIVATE, RESULT, TRAINING_METRICS, JobDir
+from mmt.core.jobdir import LOG_NAME, LOGS, METRICS, METRICS_NAME, PRIVATE, RESULT, TRAINING_METRICS, JobDir
 
 MAX_DEPTH = 4  # outputs/multirun/<date>/<time>/<job>
 MAX_DIRS_SCANNED = 20_000
@@ -37,8 +37,6 @@ MAX_CSV_BYTES = 8 * 1024 * 1024  # beyond that only the end of metrics.csv is re
 MAX_JSON_BYTES = 4 * 1024 * 1024
 MAX_METRICS_BYTES = 64 * 1024 * 1024  # the sampler keeps its files far smaller; refuse pathological ones
 
-LOG_NAME = re.compile(r"node(\d{1,6})(?:\.rank(\d{1,7}))?\.log")
-METRICS_NAME = re.compile(r"node(\d{1,6})\.jsonl")
 JOB_ID = re.compile(r"[0-9a-f]{16}")
 
 NODE_SERIES = ("cpu_percent", "mem_used_bytes", "mem_total_bytes", "job_cpu_percent", "job_rss_bytes",

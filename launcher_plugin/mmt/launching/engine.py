@@ -25,22 +25,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from mmt.backends.base import Backend, JobHandle, JobOutcome, JobState, Submission
-from mmt.jobdir import Attempt, JobDir, SweepDir, new_attempt_id, read_json
+from mmt.backends.base import Backend, JobHandle, JobTracker, Submission
+
+from mmt.records.outcome import JobOutcome
+
+from mmt.core.states import JobState
+from mmt.core.states import ConsoleMode
+from mmt.core.jobdir import Attempt, JobDir, SweepDir, new_attempt_id, read_json
 from mmt.launching.console import Console, LogFollower, tail
-from mmt.launching.outcome import (missing_result, outcome_of_record, read_primary_return, result_record,
+from mmt.records.outcome import (missing_result, outcome_of_record, read_primary_return, result_record,
                                    return_value_of, write_result)
-from mmt.launching.ownership import Claim, claim
-from mmt.launching.payload import JobPayload, discard_payload, write_payload
+from mmt.records.ownership import Claim, claim
+from mmt.records.payload import JobPayload, discard_payload, write_payload
 from mmt.launching.report import SummaryRow, append_summary_csv, first_line, format_summary, metric_of
 from mmt.launching.signals import SignalTrap
 from mmt.monitor.progress import ProgressView
 from mmt.planning.plan import JobPlan
 from mmt.planning.redact import env_names_in, masked_overrides
-from mmt.service.registry import JobRecord, Registry
+from mmt.records.registry import JobRecord, Registry
 
 _TICK_S = 0.05
-CONSOLE_MODES = ("rank0", "all", "none")
 
 
 @dataclass
@@ -59,7 +63,7 @@ class PreparedJob:
 @dataclass(frozen=True)
 class LaunchOptions:
     sweep_dir: Path
-    console: str = "rank0"  # whose output is followed live: rank0 | all | none
+    console: ConsoleMode = ConsoleMode.rank0  # whose output is followed live
     # a job left running when the launcher's terminal goes (SIGHUP) keeps running; the registry says so
     registry: Optional[Registry] = None
 
@@ -103,6 +107,8 @@ class _Watched:
     handle: JobHandle
     claim: Optional[Claim]
     started_at: float
+    # its backend's jobs outlive the launcher: their records stay after concluding (see Backend.survives_launcher)
+    survives_launcher: bool = False
     followers: List[LogFollower] = field(default_factory=list)
     running_seen: bool = False
     report: Optional[JobReport] = None
@@ -111,7 +117,7 @@ class _Watched:
 # ------------------------------------------------------------------------------------------------ before anything
 
 
-def refuse_unrunnable(backend: Backend, plans: Sequence[JobPlan]) -> None:
+def refuse_unrunnable(backend: Backend[Any], plans: Sequence[JobPlan]) -> None:
     for plan in plans:
         problems = backend.problems(plan)
         if problems:
@@ -121,7 +127,7 @@ def refuse_unrunnable(backend: Backend, plans: Sequence[JobPlan]) -> None:
 def _refuse_taken_names(registry: Optional[Registry], plans: Sequence[JobPlan]) -> None:
     if registry is None:
         return
-    from mmt.errors import UsageError
+    from mmt.core.errors import UsageError
 
     taken = registry.names_taken([plan.name for plan in plans])
     if taken:
@@ -129,7 +135,7 @@ def _refuse_taken_names(registry: Optional[Registry], plans: Sequence[JobPlan]) 
                          f"(hydra.launcher.name / --name), or `mmt delete {taken[0]}` first")
 
 
-def _claim_all(plans: Sequence[JobPlan], backend: Backend, attempts: Dict[int, Attempt]) -> Dict[int, Claim]:
+def _claim_all(plans: Sequence[JobPlan], backend: Backend[Any], attempts: Dict[int, Attempt]) -> Dict[int, Claim]:
     claims: Dict[int, Claim] = {}
     try:
         for plan in plans:
@@ -153,7 +159,7 @@ def _record(plan: JobPlan, attempt: Attempt, backend: str, sweep_dir: Path, deta
                      created_at=time.time())
 
 
-def _start(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions, console: Console,
+def _start(jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchOptions, console: Console,
            detached: bool, trap: Optional[SignalTrap] = None) -> Tuple[List[_Watched], List[JobPlan]]:
     """Refuse, claim, write payloads, register and submit every job; on any failure nothing is left behind.
 
@@ -180,7 +186,8 @@ def _start(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions
             console.write(f"\t#{plan.num} {plan.name}: {' '.join(masked_overrides(plan.overrides, plan.secret_names))}"
                           f" ({plan.num_nodes} x {plan.devices})\n")
             handle = backend.submit(Submission(plan=plan, attempt=attempts[plan.num], copied_env=job.copied_env))
-            watched.append(_Watched(plan=plan, handle=handle, claim=claims[plan.num], started_at=time.time()))
+            watched.append(_Watched(plan=plan, handle=handle, claim=claims[plan.num], started_at=time.time(),
+                                    survives_launcher=backend.survives_launcher))
             scheduler_id = backend.poll(handle).scheduler_id
             if scheduler_id:
                 claims[plan.num].update(scheduler_id=scheduler_id)
@@ -201,12 +208,12 @@ def _unsubmitted(plans: Sequence[JobPlan], watched: Sequence[_Watched]) -> List[
     return [plan for plan in plans if plan.num not in submitted]
 
 
-def _give_up(plans: Sequence[JobPlan], attempts: Dict[int, Attempt], claims: Dict[int, Claim], backend: Backend,
+def _give_up(plans: Sequence[JobPlan], attempts: Dict[int, Attempt], claims: Dict[int, Claim], backend: Backend[Any],
              registry: Optional[Registry]) -> None:
     """Jobs that were never submitted leave nothing behind: no attempt, no claim, no record."""
     for plan in plans:
         shutil.rmtree(attempts[plan.num].dir, ignore_errors=True)
-        claims[plan.num].release(forget=backend.name == "local")
+        claims[plan.num].release(forget=not backend.survives_launcher)
         if registry is not None:
             registry.delete(plan.name)
 
@@ -223,7 +230,7 @@ class NotStarted:
     reason: str
 
 
-def launch(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions,
+def launch(jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchOptions,
            console: Optional[Console] = None, accepted: Optional[Callable[[List[Submitted]], None]] = None,
            not_started: Sequence[NotStarted] = ()) -> LaunchReport:
     """Run ``jobs`` on ``backend`` until every one has ended (or the launch is detached); conclude each.
@@ -238,7 +245,7 @@ def launch(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions
             console.close()
 
 
-def _launch(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions, console: Console,
+def _launch(jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchOptions, console: Console,
             accepted: Optional[Callable[[List[Submitted]], None]], not_started: Sequence[NotStarted]
             ) -> LaunchReport:
     # from the first submission to the last line of the summary, a signal is a flag (the first stops every job, a
@@ -269,7 +276,7 @@ def _launch(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOption
     return report
 
 
-def submit(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions,
+def submit(jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchOptions,
            console: Optional[Console] = None) -> List[Submitted]:
     """Start ``jobs`` and return at once; they conclude themselves (a backend whose jobs outlive the launcher)."""
     assert backend.survives_launcher, f"cluster={backend.name} jobs need a supervisor to outlive the launcher"
@@ -288,7 +295,7 @@ def submit(jobs: Sequence[PreparedJob], backend: Backend, options: LaunchOptions
     return submitted
 
 
-def attach(handles: Sequence[JobHandle], backend: Backend, options: LaunchOptions,
+def attach(handles: Sequence[JobHandle], backend: JobTracker[Any], options: LaunchOptions,
            console: Optional[Console] = None, timeout_s: Optional[float] = None) -> LaunchReport:
     """Watch jobs another process started until they end (``mmt wait``); Ctrl-C stops watching, not the jobs;
     so does ``timeout_s``."""
@@ -309,7 +316,7 @@ def attach(handles: Sequence[JobHandle], backend: Backend, options: LaunchOption
 # ------------------------------------------------------------------------------------------------ watching
 
 
-def _watch(watched: List[_Watched], backend: Backend, options: LaunchOptions, console: Console, trap: SignalTrap, *,
+def _watch(watched: List[_Watched], backend: JobTracker[Any], options: LaunchOptions, console: Console, trap: SignalTrap, *,
            on_hangup: str, on_interrupt: str, deadline: Optional[float] = None) -> LaunchReport:
     report = LaunchReport(jobs=[])
     interrupted = killed = False
@@ -371,11 +378,11 @@ def _mark_detached(registry: Optional[Registry], names: List[str]) -> None:
             registry.update(name, detached=True)
 
 
-def _followers(plan: JobPlan, mode: str, console: Console) -> List[LogFollower]:
-    if mode == "none":
+def _followers(plan: JobPlan, mode: ConsoleMode, console: Console) -> List[LogFollower]:
+    if mode == ConsoleMode.none:
         return []
     job_dir = JobDir(Path(plan.job_dir))
-    places = plan.places() if mode == "all" else plan.places()[:1]
+    places = plan.places() if mode == ConsoleMode.all else plan.places()[:1]
     return [LogFollower(job_dir.log(p.node_rank, p.rank, plan.per_node),
                         f"[#{plan.num} n{p.node_rank}" + ("" if plan.per_node else f" r{p.rank}") + "] ", console)
             for p in places]
@@ -423,11 +430,12 @@ def _show_tail(plan: JobPlan, outcome: JobOutcome, console: Console) -> None:
 
 
 def _discard(item: _Watched) -> None:
-    """The attempt's pickled code, config and secrets go; on SLURM its records stay (the job's own last step may
-    still read them) and so does owner.json (a rerun asks SLURM whether that job still runs)."""
+    """The attempt's pickled code, config and secrets go; where jobs outlive the launcher (SLURM) its records stay
+    (the job's own last step may still read them) and so does owner.json (a rerun asks whether that job still
+    runs)."""
     assert item.claim is not None
     attempt = item.handle.attempt
-    local = item.claim.owner.get("backend") == "local"
+    local = not item.survives_launcher
     try:
         if local:
             shutil.rmtree(attempt.dir, ignore_errors=True)

@@ -18,14 +18,15 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import cloudpickle
 
-from mmt.errors import UsageError
-from mmt.jobdir import Attempt, SweepDir, make_private_dir, write_atomic
+from mmt.backends.base import Backend
+from mmt.core.errors import UsageError
+from mmt.core.jobdir import Attempt, SweepDir, make_private_dir, write_atomic
 from mmt.launching import engine
 from mmt.launching.console import Console
-from mmt.launching.payload import check_private
+from mmt.records.payload import check_private
 
 
-def start(jobs: Sequence[engine.PreparedJob], settings: Any, options: engine.LaunchOptions,
+def start(jobs: Sequence[engine.PreparedJob], backend: Backend[Any], options: engine.LaunchOptions,
           launch_id: str) -> List[engine.Submitted]:
     """Hand ``jobs`` to a new supervisor process; returns once it has started them (raises what refused them)."""
     sweep = SweepDir(options.sweep_dir)
@@ -33,7 +34,9 @@ def start(jobs: Sequence[engine.PreparedJob], settings: Any, options: engine.Lau
     spec, log = sweep.supervisor_spec(launch_id), sweep.supervisor_log(launch_id)
     # holds the payloads (and copied secrets): the owner's only, removed by the supervisor once read
     # two layers: sys.path (plain data) first, so the app's modules can be found when the jobs are unpickled
-    inner = cloudpickle.dumps({"jobs": list(jobs), "settings": settings, "options": options})
+    # the backend travels as its class and settings: the supervisor builds its own (its agent, its ports)
+    inner = cloudpickle.dumps({"jobs": list(jobs), "backend": type(backend), "settings": backend.settings,
+                               "options": options})
     write_atomic(spec, pickle.dumps({"sys_path": list(sys.path), "inner": inner}), private=True)
     read_end, write_end = os.pipe()
     with open(log, "ab") as out:
@@ -51,7 +54,7 @@ def start(jobs: Sequence[engine.PreparedJob], settings: Any, options: engine.Lau
     message = json.loads(reply)
     if "error" in message:
         raise UsageError(message["error"])
-    return [engine.Submitted(plan=job.plan, attempt=Attempt(Path(a)), backend="local")
+    return [engine.Submitted(plan=job.plan, attempt=Attempt(Path(a)), backend=backend.name)
             for job, a in zip(jobs, message["attempts"])]
 
 
@@ -71,9 +74,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             spec_file.parent.rmdir()
         except OSError:
             pass
-    from mmt.backends.local.backend import LocalBackend
-
-    backend = LocalBackend(spec["settings"])
+    backend = spec["backend"](spec["settings"])
 
     def accepted(submitted: List[engine.Submitted]) -> None:
         answer.write(json.dumps({"attempts": [str(s.attempt.dir) for s in submitted]}))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
-from mmt.jobdir import JobDir, SweepDir
+from mmt.core.jobdir import JobDir, SweepDir
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from mmt.jobdir import JobDir
+from mmt.core.jobdir import JobDir
 
 # seconds between plain progress lines (CI logs); MMT_PROGRESS_EVERY_S changes it
 PLAIN_EVERY_S = float(os.environ.get("MMT_PROGRESS_EVERY_S") or 10.0)

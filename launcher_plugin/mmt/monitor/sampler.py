@@ -23,8 +23,8 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import psutil
 
-from mmt import proctree
-from mmt.jobdir import write_atomic
+from mmt.core import proctree
+from mmt.core.jobdir import write_atomic
 
 MAX_BYTES = 1 << 20
 _KEEP_RECENT = 0.25  # the newest quarter of the samples is never thinned

@@ -3,7 +3,7 @@
 global = world x micro x accumulate. The recipe states ``batch.global_size`` (the number the learning rate is
 tuned for, kept constant across node counts); the per-device micro-batch is the largest divisor of
 global / world that does not exceed the machine's limit, and accumulation makes up the rest. The limit comes from
-the recipe's tuned table (``mmt.tune.table``), else from the recipe's own ``batch.default_micro``.
+the recipe's tuned table (``mmt.planning.tuned``), else from the recipe's own ``batch.default_micro``.
 
 Recipe config (``@package _global_``)::
 
@@ -19,10 +19,10 @@ Recipe config (``@package _global_``)::
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from mmt.errors import ConfigError
+from mmt.core.errors import ConfigError
 from mmt.planning import validate as check
-from mmt.rank_env import batch_env
-from mmt.tune import table as tuned
+from mmt.core.rank_env import batch_env
+from mmt.planning import tuned as tuned
 
 _KEYS = ("global_size", "recipe", "precision", "default_micro", "micro", "table")
 

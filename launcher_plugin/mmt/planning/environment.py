@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Union
 
-from mmt.rank_env import OMP_NUM_THREADS, RankPlace, contract_env, scrubbed, threads_per_rank
+from mmt.core.rank_env import OMP_NUM_THREADS, RankPlace, contract_env, scrubbed, threads_per_rank
 from mmt.planning.plan import JobPlan
 
 

@@ -10,7 +10,7 @@ from typing import Any, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from mmt.errors import ConfigError
+from mmt.core.errors import ConfigError
 from mmt.planning import validate as check
 
 _REQUIRED = ("name", "accelerator", "gpus", "cpus")

@@ -8,11 +8,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from mmt.errors import ConfigError
+from mmt.core.errors import ConfigError
 from mmt.planning import validate as check
 from mmt.planning.batch import BatchPlan, plan_batch
 from mmt.planning.machine import Machine, machine_from_config
-from mmt.rank_env import RankPlace, topology_hints
+from mmt.core.rank_env import RankPlace, topology_hints
 
 
 @dataclass(frozen=True)

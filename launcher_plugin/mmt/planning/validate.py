@@ -10,9 +10,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from mmt.errors import ConfigError
+from mmt.core.errors import ConfigError
 from mmt.planning.redact import MASKED
-from mmt.rank_env import RESERVED, SCRUBBED_PREFIXES
+from mmt.core.rank_env import RESERVED, SCRUBBED_PREFIXES
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Tuple, Union
 
-from mmt.backends.base import ProcessState
-from mmt.jobdir import JobDir
+from mmt.core.states import ProcessState
+from mmt.core.jobdir import JobDir
 from mmt.service import status as job_status
-from mmt.service.registry import JobRecord, Registry
+from mmt.records.registry import JobRecord, Registry
 
 
 class Status(str, enum.Enum):
@@ -47,7 +47,7 @@ def _node_status_of(states: "frozenset[ProcessState]") -> Status:
 class MachineRun:
     """One node of a job (Lightning's ``job.machines[i]``)."""
 
-    job: "JobHandle"
+    job: "RegisteredJob"
     rank: int
 
     @property
@@ -59,7 +59,7 @@ class MachineRun:
         return self.job._node_logs(self.rank)
 
 
-class JobHandle:
+class RegisteredJob:
     """A handle on a registered job, by name: valid in any process, on the machine that submitted it."""
 
     def __init__(self, name: str, registry: Optional[Registry] = None) -> None:
@@ -151,10 +151,8 @@ class JobHandle:
     def _log_path(self, rank: int) -> Path:
         record = self._registry.require(self.name)
         per_node = record.command is not None and record.command_mode == "per_node"
-        logs = JobDir(Path(record.job_dir)).logs
-        if per_node:
-            return logs / f"node{rank}.log"
-        return logs / f"node{rank // record.devices}.rank{rank}.log"
+        node = rank if per_node else rank // record.devices
+        return JobDir(Path(record.job_dir)).log(node, rank, per_node)
 
     def _follow(self, path: Path) -> Iterator[str]:
         offset, partial = 0, ""
@@ -186,7 +184,4 @@ class JobHandle:
         return job
 
     def _node_logs(self, node: int) -> str:
-        logs = JobDir(self.dir).logs
-        files = sorted(logs.glob(f"node{node}.log")) + sorted(logs.glob(f"node{node}.rank*.log"),
-                                                               key=lambda p: int(p.name.split("rank")[1][:-4]))
-        return "".join(p.read_text(errors="replace") for p in files)
+        return "".join(p.read_text(errors="replace") for p in JobDir(self.dir).node_logs(node))

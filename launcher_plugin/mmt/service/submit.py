@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from mmt.errors import ConfigError
-from mmt.launching import engine, hydra_jobs
+from mmt.core.errors import ConfigError
+from mmt.launching import engine, prepare
 from mmt.launching.console import Console
 from mmt.planning import dryrun
 from mmt.planning.machine import canonical_name
@@ -73,8 +73,8 @@ def _overrides(spec: RunSpec, name: str) -> List[str]:
     return overrides + list(spec.overrides)
 
 
-def _compose(spec: RunSpec, name: str) -> Tuple[Any, Any, Any]:
-    """(hydra context, master config, backend kind) for the job, composed like Hydra's multirun does."""
+def _compose(spec: RunSpec, name: str) -> Tuple[Any, Any]:
+    """(hydra context, master config) for the job, composed like Hydra's multirun does."""
     from hydra import compose, initialize_config_module
     from hydra._internal.callbacks import Callbacks
     from hydra.core.global_hydra import GlobalHydra
@@ -93,8 +93,7 @@ def _compose(spec: RunSpec, name: str) -> Tuple[Any, Any, Any]:
         master.hydra.runtime.cwd = os.getcwd()
     HydraConfig.instance().set_config(master)
     context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=Callbacks(master))
-    kind = "slurm" if master.hydra.launcher._target_.endswith("MMTSlurmLauncher") else "local"
-    return context, master, kind
+    return context, master
 
 
 def _with_env(env: Dict[str, str]) -> Any:
@@ -117,28 +116,28 @@ def _check(spec: RunSpec) -> None:
             raise ConfigError(f"env.{key}", "***", "environment variable names are letters, digits and _",
                               "e.g. -e MY_FLAG=1")
     if spec.name is not None:
-        hydra_jobs.check_name("name", spec.name)
+        prepare.check_name("name", spec.name)
 
 
 def run(spec: RunSpec, console: Optional[Console] = None) -> Union[engine.LaunchReport, List[engine.Submitted], str]:
     """Plan and start the job: a dry run's text, the submitted job (detached), or the report of the attached run."""
     _check(spec)
     name = spec.name or default_name()
-    context, master, kind = _compose(spec, name)
-    backend = hydra_jobs.make_backend(kind, master.hydra.launcher)
+    context, master = _compose(spec, name)
+    backend = prepare.make_backend(master.hydra.launcher)
     try:
-        job = hydra_jobs.prepare_job(hydra_context=context, master=master, task_function=no_task, backend=backend,
+        job = prepare.prepare_job(hydra_context=context, master=master, task_function=no_task, backend=backend,
                                      overrides=list(master.hydra.overrides.task), num=0, name=name,
                                      amend=_with_env(spec.env))
         plan = job.prepared.plan
         if plan.dry_run:
             return dryrun.render(plan, backend.describe(plan))
         options = engine.LaunchOptions(sweep_dir=Path(str(master.hydra.sweep.dir)).absolute(),
-                                       registry=hydra_jobs.open_registry())
+                                       registry=prepare.open_registry())
         if spec.detach:
-            return hydra_jobs.detached_submit([job.prepared], backend, options)
+            return prepare.detached_submit([job.prepared], backend, options)
         console = console or Console()
-        page = hydra_jobs.start_dashboard(master.hydra.launcher, options.sweep_dir, console)
+        page = prepare.start_dashboard(master.hydra.launcher, options.sweep_dir, console)
         try:
             return engine.launch([job.prepared], backend, options, console)
         finally:

@@ -1,5 +1,5 @@
 """Running the tuner: each candidate micro-batch in a fresh process under the per-device memory budget, the search
-over them (``mmt.tune.search``), and the entry it writes into the recipe's tuned table (``mmt.tune.table``)."""
+over them (``mmt.tune.search``), and the entry it writes into the recipe's tuned table (``mmt.planning.tuned``)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from mmt import rank_env
-from mmt.tune import table as tuned
+from mmt.core import rank_env
+from mmt.planning import tuned as tuned
 from mmt.tune.search import Trial, TuneError, TuneSettings, choose, confirm, refine, search, sweep
 
 GIB = 1024 ** 3

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, Optional, Set
 
-from mmt import proctree
+from mmt.core import proctree
 
 _STRAGGLER_WAIT_S = 0.5
 

@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 from mmt.planning.environment import NOT_EMPTY_WARNING, SRUN_WARNING
 from mmt.planning.plan import JobPlan
-from mmt.rank_env import MASTER_ADDR, MASTER_PORT, MMT_JOB_DIR, RANK, WORLD_SIZE
+from mmt.core.rank_env import MASTER_ADDR, MASTER_PORT, MMT_JOB_DIR, RANK, WORLD_SIZE
 
 _DISTRIBUTED = "torch.distributed"
 

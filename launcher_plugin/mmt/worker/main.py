@@ -4,7 +4,7 @@ Runs inside the process the agent started, with the rank contract already in ``o
 Hydra's ``run_job`` like Hydra's own launchers do; the primary one (rank 0 / node 0) writes the job's ``.hydra/``
 (env values masked, owner-only), the job log and fires the job callbacks; the others run the same task without
 log file or callbacks, so a job dir is written once however many ranks it has. Each process leaves its records in
-the attempt dir (``mmt.jobdir``): an error record if it raised, the primary's return value, and a done marker.
+the attempt dir (``mmt.core.jobdir``): an error record if it raised, the primary's return value, and a done marker.
 
 ``python -m mmt.worker.main <attempt dir> <process index>`` starts one in a fresh interpreter (start_method=spawn).
 """
@@ -16,9 +16,9 @@ import traceback
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from mmt import preemption
-from mmt.jobdir import Attempt, write_atomic
-from mmt.launching.payload import JobPayload, read_payload
+from mmt.core import preemption
+from mmt.core.jobdir import Attempt, write_atomic
+from mmt.records.payload import JobPayload, read_payload
 from mmt.worker import guards
 from mmt.worker.command import CommandFailedError, command_task
 

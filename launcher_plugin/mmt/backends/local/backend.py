@@ -15,19 +15,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional
 
-from mmt import proctree
+from mmt.core import proctree
 from mmt.agent.client import AgentClient, AgentGone
 from mmt.agent.processes import ProcessSpec
 from mmt.agent.server import StartJob
-from mmt.backends.base import Backend, JobHandle, JobOutcome, JobState, JobStatus, Submission
+from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission
+from mmt.backends.local import records
+from mmt.backends.local.watch import LocalWatcher
+from mmt.records.outcome import JobOutcome
+from mmt.core.states import JobState
 from mmt.backends.local.host import PortReservations, cpu_cores, visible_gpus
-from mmt.errors import ConfigError
-from mmt.jobdir import JobDir
-from mmt.launching.outcome import first_failure, running_detail
+from mmt.core.errors import ConfigError
+from mmt.core.states import StartMethod, values
+from mmt.core.jobdir import JobDir
+from mmt.records.outcome import first_failure, running_detail
 from mmt.planning import validate as check
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.plan import JobPlan, Limits
-from mmt.rank_env import MMT_JOB_ID
+from mmt.core.rank_env import MMT_JOB_ID
+from mmt.records.reconcile import request_stop
+from mmt.records.registry import JobRecord, Registry
+from omegaconf import DictConfig
 
 # one host runs every process of a local job; beyond this a sweep of "nodes" is a fork bomb, not a simulation
 MAX_LOCAL_PROCESSES = 1024
@@ -49,7 +57,7 @@ class LocalSettings:
             max_parallel_ranks=max(4, cpu_cores()) if limit is None else check.whole_number(
                 "hydra.launcher.max_parallel_ranks", limit, 1, "e.g. hydra.launcher.max_parallel_ranks=8"),
             master_addr=check.host_address("hydra.launcher.master_addr", cfg.master_addr),
-            start_method=check.choice("hydra.launcher.start_method", cfg.start_method, ("fork", "spawn")),
+            start_method=check.choice("hydra.launcher.start_method", cfg.start_method, values(StartMethod)),
             kill_grace_s=check.positive_number("hydra.launcher.kill_grace_s", cfg.kill_grace_s,
                                                "seconds between SIGTERM and SIGKILL, e.g. 1", maximum=3600),
         )
@@ -73,7 +81,7 @@ class LocalJob(JobHandle):
     outcome: Optional[JobOutcome] = None
 
 
-class LocalBackend(Backend):
+class LocalBackend(Backend[LocalJob]):
     name = "local"
 
     def __init__(self, settings: LocalSettings) -> None:
@@ -85,6 +93,22 @@ class LocalBackend(Backend):
         self.agent: Optional[AgentClient] = None
         self.queue: Deque[LocalJob] = deque()
         self.jobs: Dict[str, LocalJob] = {}  # running, by job id
+
+    @classmethod
+    def from_config(cls, launcher_cfg: DictConfig) -> "LocalBackend":
+        return cls(LocalSettings.from_config(launcher_cfg))
+
+    @classmethod
+    def watcher(cls, poll_interval_s: float = 1.0) -> LocalWatcher:
+        return LocalWatcher()
+
+    @classmethod
+    def refresh(cls, record: JobRecord, registry: Registry) -> JobRecord:
+        return records.refresh(record, registry)
+
+    @classmethod
+    def stop(cls, record: JobRecord) -> str:
+        return request_stop(record)
 
     # ------------------------------------------------------------------------------------------ planning
 
@@ -121,21 +145,18 @@ class LocalBackend(Backend):
         self._schedule()
         return job
 
-    def poll(self, handle: JobHandle) -> JobStatus:
-        assert isinstance(handle, LocalJob)
-        return JobStatus(state=handle.state, outcome=handle.outcome)
+    def poll(self, handle: LocalJob) -> JobSnapshot:
+        return JobSnapshot(state=handle.state, outcome=handle.outcome)
 
-    def cancel(self, handle: JobHandle, reason: str) -> None:
-        assert isinstance(handle, LocalJob)
+    def cancel(self, handle: LocalJob, reason: str) -> None:
         if handle.state == JobState.PENDING:
             self.queue.remove(handle)
             self._conclude(handle, JobOutcome(JobState.INTERRUPTED, None, detail=f"not started: {reason}"))
         elif not handle.state.final:
             self._stop(handle, JobState.INTERRUPTED, f"stopped: {reason}")
 
-    def kill(self, handle: JobHandle) -> None:
+    def kill(self, handle: LocalJob) -> None:
         """SIGKILL the job's processes now (a second Ctrl-C)."""
-        assert isinstance(handle, LocalJob)
         if self.agent is not None and handle.plan.job_id in self.jobs:
             self.agent.kill(handle.plan.job_id)
 

@@ -1,7 +1,7 @@
 """Facts about this host the local backend needs: a port for each job, CPU cores, GPUs. No torch import (too slow).
 
 **MASTER_PORT without a race**: each job's port is held from the moment it is chosen until the job ends
-(``mmt.ports``).
+(``mmt.core.ports``).
 """
 
 import os
@@ -10,7 +10,7 @@ import socket
 import subprocess
 from typing import Dict, List
 
-from mmt.ports import hold_port
+from mmt.core.ports import hold_port
 
 
 class PortReservations:

@@ -13,15 +13,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
-from mmt.backends.base import Backend, JobHandle, JobOutcome, JobState, JobStatus, Submission
+from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission, Watcher
+
+from mmt.records.outcome import JobOutcome
+
+from mmt.core.states import JobState
 from mmt.backends.slurm import queue
 from mmt.backends.slurm.conclusion import conclude
-from mmt.backends.slurm.sbatch import SlurmSettings, python_command, render_script, sbatch_parameters, tasks_per_node
+from mmt.backends.slurm import records
+from mmt.backends.slurm.sbatch import (SlurmSettings, job_name_for, python_command, render_script, sbatch_parameters,
+                                         tasks_per_node)
 from mmt.backends.slurm.task import SlurmTask
-from mmt.errors import ConfigError
-from mmt.jobdir import Attempt, JobDir, make_private_dir
-from mmt.launching.outcome import all_succeeded
+from mmt.core.errors import ConfigError
+from mmt.core.jobdir import Attempt, JobDir, make_private_dir
+from mmt.records.outcome import all_succeeded
 from mmt.planning.plan import JobPlan, Limits
+from mmt.records.payload import read_plan
+from mmt.records.registry import JobRecord, Registry
+from omegaconf import DictConfig
 
 _TOOLS = ("sbatch", "squeue", "scancel", "scontrol")
 
@@ -44,9 +53,6 @@ def job_name(plan: JobPlan) -> str:
     return job_name_for(plan.name)
 
 
-def job_name_for(name: str) -> str:
-    """SLURM's name for the job registered as ``name`` (unique while it is registered)."""
-    return f"mmt-{name}"
 
 
 @contextmanager
@@ -81,19 +87,36 @@ def _executor_class() -> Any:
     return _EXECUTOR
 
 
-class SlurmBackend(Backend):
+class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
+    """One SLURM job of N nodes per mmt job, through submitit; it watches the jobs it registered too."""
+
     name = "slurm"
     survives_launcher = True
 
-    def __init__(self, settings: SlurmSettings, *, kill_grace_s: float, start_method: str) -> None:
+    def __init__(self, settings: SlurmSettings) -> None:
         self.settings = settings
-        self.kill_grace_s, self.start_method = kill_grace_s, start_method
         self.project_dir = os.getcwd()
         self._states: Dict[str, queue.JobState] = {}
         self._next_query = 0.0
         self._accounting: Optional[bool] = None
         self._notices: List[str] = []
         self._watched: List[SlurmJob] = []
+
+    @classmethod
+    def from_config(cls, launcher_cfg: DictConfig) -> "SlurmBackend":
+        return cls(SlurmSettings.from_config(launcher_cfg))
+
+    @classmethod
+    def watcher(cls, poll_interval_s: float = 1.0) -> "SlurmBackend":
+        return cls(SlurmSettings.for_watching(poll_interval_s))
+
+    @classmethod
+    def refresh(cls, record: JobRecord, registry: Registry) -> JobRecord:
+        return records.refresh(record, registry)
+
+    @classmethod
+    def stop(cls, record: JobRecord) -> str:
+        return records.stop(record)
 
     # ------------------------------------------------------------------------------------------ planning
 
@@ -137,8 +160,8 @@ class SlurmBackend(Backend):
         executor.update_parameters(**sbatch_parameters(plan, self.settings, self.project_dir, job_name(plan),
                                                        submission.attempt))
         task = SlurmTask(plan=plan, attempt_dir=str(submission.attempt.dir),
-                         per_node_tasks=self.settings.agent_per_node, kill_grace_s=self.kill_grace_s,
-                         start_method=self.start_method, max_requeues=self.settings.max_requeues,
+                         per_node_tasks=self.settings.agent_per_node, kill_grace_s=self.settings.kill_grace_s,
+                         start_method=self.settings.start_method, max_requeues=self.settings.max_requeues,
                          copied_env=dict(submission.copied_env))
         with _private_files():
             submitted = executor.submit(task)
@@ -150,30 +173,28 @@ class SlurmBackend(Backend):
                              f"and task logs: {submitted.paths.folder}")
         return job
 
-    def attach(self, plan: JobPlan, attempt: Attempt, scheduler_id: str, stderr: Optional[Path] = None) -> SlurmJob:
+    def attach(self, record: JobRecord) -> SlurmJob:
         """A job another process submitted, watched from here (``mmt wait``)."""
-        job = SlurmJob(submission=Submission(plan=plan, attempt=attempt), job_id=scheduler_id,
-                       stderr=stderr or Path("/nonexistent"), submitted=time.monotonic())
+        attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
+        job = SlurmJob(submission=Submission(plan=read_plan(attempt), attempt=attempt), job_id=str(record.scheduler_id),
+                       stderr=Path("/nonexistent"), submitted=time.monotonic())
         self._watched.append(job)
         self._next_query = 0.0
         return job
 
-    def poll(self, handle: JobHandle) -> JobStatus:
-        assert isinstance(handle, SlurmJob)
+    def poll(self, handle: SlurmJob) -> JobSnapshot:
         if handle.outcome is None:
             self._update(handle)
-        return JobStatus(state=handle.state, scheduler_id=handle.job_id, outcome=handle.outcome)
+        return JobSnapshot(state=handle.state, scheduler_id=handle.job_id, outcome=handle.outcome)
 
-    def cancel(self, handle: JobHandle, reason: str) -> None:
-        assert isinstance(handle, SlurmJob)
+    def cancel(self, handle: SlurmJob, reason: str) -> None:
         if handle.outcome is None and handle.stopped_because is None:
             handle.stopped_because = reason
             handle.state = JobState.STOPPING
             queue.cancel([handle.job_id])
             self._next_query = 0.0
 
-    def kill(self, handle: JobHandle) -> None:
-        assert isinstance(handle, SlurmJob)
+    def kill(self, handle: SlurmJob) -> None:
         if handle.outcome is None:
             queue.cancel([handle.job_id], signal_name="KILL")
 

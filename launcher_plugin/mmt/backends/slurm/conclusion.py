@@ -5,12 +5,14 @@ import signal
 from pathlib import Path
 from typing import Optional
 
-from mmt.backends.base import JobOutcome, JobState
+from mmt.records.outcome import JobOutcome
+
+from mmt.core.states import JobState
 from mmt.backends.slurm.queue import GONE
 from mmt.backends.slurm.task import failed_tasks
-from mmt.errors import RankFailure
-from mmt.jobdir import Attempt, JobDir
-from mmt.launching.outcome import all_succeeded, first_failure, missing_result
+from mmt.core.errors import RankFailure
+from mmt.core.jobdir import Attempt, JobDir
+from mmt.records.outcome import all_succeeded, first_failure, missing_result
 from mmt.planning.plan import JobPlan
 
 

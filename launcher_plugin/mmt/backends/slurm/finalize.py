@@ -15,9 +15,9 @@ from typing import List, Optional
 
 from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm.sbatch import STARTED_VAR
-from mmt.jobdir import Attempt, read_json
-from mmt.launching.outcome import read_primary_return, result_record, return_value_of, write_result
-from mmt.launching.payload import discard_payload, read_plan
+from mmt.core.jobdir import Attempt, read_json
+from mmt.records.outcome import read_primary_return, result_record, return_value_of, write_result
+from mmt.records.payload import discard_payload, read_plan
 
 
 def _stderr() -> Optional[Path]:

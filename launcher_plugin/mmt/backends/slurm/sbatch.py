@@ -20,8 +20,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from mmt.errors import ConfigError
-from mmt.jobdir import Attempt
+from mmt.core.errors import ConfigError
+from mmt.core.states import StartMethod, values
+from mmt.core.jobdir import Attempt
 from mmt.planning import validate as check
 from mmt.planning.plan import JobPlan
 
@@ -64,6 +65,10 @@ class SlurmSettings:
     max_requeues: int
     poll_interval_s: float
     tasks: str = "per_node"
+    # seconds between SIGTERM and SIGKILL when a node agent stops its ranks
+    kill_grace_s: float = 1.0
+    # how node agents start ranks
+    start_method: str = StartMethod.fork.value
 
     @property
     def agent_per_node(self) -> bool:
@@ -81,7 +86,7 @@ class SlurmSettings:
     def from_config(cls, cfg: DictConfig) -> "SlurmSettings":
         keys = ("submitit_folder", "partition", "account", "qos", "constraint", "cpus_per_task", "mem_gb",
                 "gpus_per_node", "setup", "sbatch_extra", "srun_extra", "container_runtime", "container_mounts",
-                "signal_delay_s", "max_requeues", "poll_interval_s", "tasks")
+                "signal_delay_s", "max_requeues", "poll_interval_s", "tasks", "kill_grace_s", "start_method")
         raw = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
                for k in keys}
         text = {k: _one_line(f"hydra.launcher.{k}", raw[k]) for k in ("partition", "account", "qos", "constraint")}
@@ -118,6 +123,9 @@ class SlurmSettings:
             poll_interval_s=check.positive_number("hydra.launcher.poll_interval_s", raw["poll_interval_s"],
                                                   "seconds, e.g. 1", maximum=3600),
             tasks=check.choice("hydra.launcher.tasks", raw["tasks"], TASK_LAYOUTS),
+            kill_grace_s=check.positive_number("hydra.launcher.kill_grace_s", raw["kill_grace_s"],
+                                               "seconds between SIGTERM and SIGKILL, e.g. 1", maximum=3600),
+            start_method=check.choice("hydra.launcher.start_method", raw["start_method"], values(StartMethod)),
             **text,
         )
 
@@ -218,3 +226,8 @@ def render_script(plan: JobPlan, settings: SlurmSettings, project_dir: str, job_
                         shlex.quote(folder)])
     return _make_sbatch_string(command=command, folder=folder,
                                **sbatch_parameters(plan, settings, project_dir, job_name, attempt))
+
+
+def job_name_for(name: str) -> str:
+    """SLURM's name for the job registered as ``name`` (unique while it is registered)."""
+    return f"mmt-{name}"

@@ -4,7 +4,7 @@ It maps SLURM's task variables onto the rank contract (one small table, as submi
 then, by default (``tasks=per_node``), runs the node agent, which forks this node's ranks from one interpreter
 (``mmt.agent.node``): Lightning sees the contract (LightningEnvironment), never SLURM's per-task variables. With
 ``tasks=per_rank`` the task is one rank itself and keeps SLURM's variables, so Lightning uses SLURMEnvironment.
-Either way every rank takes the requeue signal through ``mmt.preemption``.
+Either way every rank takes the requeue signal through ``mmt.core.preemption``.
 """
 
 import contextlib
@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional
 
-from mmt import preemption
+from mmt.core import preemption
 from mmt.agent.node import NodeRun
 from mmt.agent.node import run as run_node
 from mmt.agent.processes import ProcessSpec
-from mmt.jobdir import Attempt, JobDir
+from mmt.core.jobdir import Attempt, JobDir
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.plan import JobPlan
-from mmt.ports import PortInUseError, hold_port
-from mmt.rank_env import MASTER_ADDR, MASTER_PORT
+from mmt.core.ports import PortInUseError, hold_port
+from mmt.core.rank_env import MASTER_ADDR, MASTER_PORT
 
 # SLURM variable -> the fact it gives
 SLURM_ENV = {
@@ -54,7 +54,7 @@ def master_port(job_id: str) -> int:
 @contextlib.contextmanager
 def master_port_held(rendezvous: Rendezvous, attempt: Attempt, index: int, here: bool) -> Iterator[bool]:
     """Where ``here`` (node 0, or rank 0's own task), for as long as the block runs: hold the job's port, so that
-    nothing on the node takes it while the ranks import and start (``mmt.ports``). A port another process holds
+    nothing on the node takes it while the ranks import and start (``mmt.core.ports``). A port another process holds
     already fails the job now, naming it (an error record of process ``index``; the block gets False), instead of
     rank 0 failing to bind it later or its peers waiting for a store that never comes."""
     if not here:
@@ -94,7 +94,7 @@ def node_cores(cpus_on_node: Optional[str]) -> int:
 
 
 def requeue_env(facts: Mapping[str, str], attempt: Attempt, max_requeues: int) -> Dict[str, str]:
-    """What every rank needs to take the requeue signal (``mmt.preemption``)."""
+    """What every rank needs to take the requeue signal (``mmt.core.preemption``)."""
     restarts = int(facts.get("restarts") or 0)
     return {preemption.PREEMPTIBLE_VAR: "1", preemption.MAX_REQUEUES_VAR: str(max_requeues),
             preemption.JOB_ID_VAR: facts["job_id"], preemption.RESTARTS_VAR: str(restarts),

@@ -18,7 +18,7 @@ from typing import Any
 
 import cloudpickle
 
-from mmt.jobdir import Attempt, write_atomic
+from mmt.core.jobdir import Attempt, write_atomic
 from mmt.planning.plan import JobPlan
 
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
-from mmt.errors import UsageError
-from mmt.jobdir import JobDir, SweepDir, make_private_dir, read_json, write_atomic
+from mmt.core.errors import UsageError
+from mmt.core.jobdir import JobDir, SweepDir, make_private_dir, read_json, write_atomic
 
 
 _IN_USE_HINT = "HINT: wait for it (mmt wait NAME), stop it (mmt stop NAME), or choose another hydra.sweep.dir"

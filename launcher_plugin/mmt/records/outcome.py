@@ -6,18 +6,34 @@ import json
 import math
 import signal
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import cloudpickle
 
-from mmt.backends.base import JobOutcome, JobState, ProcessState
-from mmt.errors import JobFailedError, JobInterruptedError, JobTimeoutError, RankFailedError, RankFailure
-from mmt.jobdir import Attempt, JobDir, write_atomic
-from mmt.launching.payload import UnsafePayloadError, check_private
+from mmt.core.states import JobState, ProcessState
+from mmt.core.errors import JobFailedError, JobInterruptedError, JobTimeoutError, RankFailedError, RankFailure
+from mmt.core.jobdir import Attempt, JobDir, write_atomic
+from mmt.records.payload import UnsafePayloadError, check_private
 from mmt.planning.plan import JobPlan
 from mmt.planning.redact import masked_overrides
+
+
+@dataclass
+class JobOutcome:
+    """How a job ended, as its backend saw it (``result.json`` records it)."""
+
+    status: JobState
+    duration_s: Optional[float]
+    # FAILED: the first process that failed
+    failure: Optional[RankFailure] = None
+    # TIMEOUT: which processes were still running; INTERRUPTED: why
+    detail: str = ""
+    # the scheduler's id (SLURM job id), when there is one
+    scheduler_id: Optional[str] = None
+    # seconds from the decision to stop the job (failure, time limit, interrupt) until its last process was gone
+    stop_latency_s: Optional[float] = None
 
 
 def _signal_name(code: int) -> str:

@@ -3,7 +3,7 @@ spells these names.
 
 A job dir (Hydra's ``<sweep dir>/<job num>``) holds what users read and what the engine keeps to itself::
 
-    result.json                  how the job ended (written by whoever concludes it: see mmt.launching.outcome)
+    result.json                  how the job ended (written by whoever concludes it: see mmt.records.outcome)
     logs/node<n>.rank<r>.log     every rank's stdout and stderr (a per-node command: logs/node<n>.log)
     metrics/node<n>.jsonl        machine metrics, sampled by the node agent
     metrics.csv  checkpoints/    written by the recipe on rank 0
@@ -34,13 +34,14 @@ id>.pkl`` (the jobs handed over: payloads and copied secrets, 0600).
 from __future__ import annotations
 
 import json
+import re
 import os
 import secrets
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 RESULT = "result.json"
 LOGS = "logs"
@@ -91,6 +92,11 @@ def process_log_name(node_rank: int, rank: int, per_node: bool) -> str:
     return f"node{node_rank}.log" if per_node else f"node{node_rank}.rank{rank}.log"
 
 
+# the names above and node_metrics' below, as readers of a job dir match them (groups: node, rank)
+LOG_NAME = re.compile(r"node(\d{1,6})(?:\.rank(\d{1,7}))?\.log")
+METRICS_NAME = re.compile(r"node(\d{1,6})\.jsonl")
+
+
 @dataclass(frozen=True)
 class JobDir:
     """The output dir of one job."""
@@ -107,6 +113,15 @@ class JobDir:
 
     def log(self, node_rank: int, rank: int, per_node: bool) -> Path:
         return self.logs / process_log_name(node_rank, rank, per_node)
+
+    def node_logs(self, node_rank: int) -> List[Path]:
+        """The logs of node ``node_rank`` that exist: its command's, then its ranks' in rank order."""
+        found = []
+        for path in self.logs.glob(f"node{node_rank}.*log"):
+            match = LOG_NAME.fullmatch(path.name)
+            if match and int(match.group(1)) == node_rank:
+                found.append((-1 if match.group(2) is None else int(match.group(2)), path))
+        return [path for _, path in sorted(found)]
 
     @property
     def metrics(self) -> Path:

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
-from mmt.backends.base import FINAL_STATES
-from mmt.errors import UsageError
+from mmt.core.states import FINAL_STATES
+from mmt.core.errors import UsageError
 
 HOME_VAR = "MMT_HOME"
 _FINAL_STATES = sorted(state.value for state in FINAL_STATES)

@@ -1,0 +1,215 @@
+"""The Hydra adapter: each batch of jobs a sweeper hands the launcher is prepared, launched on the engine, and
+returned to the sweeper as ``JobReturn``s, in order. (Hydra's own joblib launcher keeps its work in ``_core.py``
+the same way; the launcher classes stay thin, so plugin discovery imports none of this.)
+
+* Bad input stops the whole sweep before anything starts when the sweeper planned it up front (the basic
+  sweeper's grid); a sweeper that proposes trials as it goes (Optuna, Nevergrad, Ax ...) gets a FAILED JobReturn
+  with the one-line message for that trial, and the other jobs of the batch still run.
+* A sweeper that optimises gets a number: the job's ``optimized_metric`` (default: the recipe's
+  ``summary_metric``) out of the returned dict; ``result.json`` keeps the whole dict.
+* A detached launch returns a handle per job (:class:`mmt.Job`).
+"""
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+
+from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
+from omegaconf import DictConfig, OmegaConf
+
+from mmt.backends.base import Backend
+from mmt.core.errors import ConfigError, InvalidJobError
+from mmt.core.jobdir import SweepDir, write_atomic
+from mmt.core.states import ConsoleMode, JobState, values
+from mmt.launching import engine, prepare
+from mmt.launching.compose_once import forget as forget_composed
+from mmt.launching.console import Console
+from mmt.planning import dryrun
+from mmt.planning import validate as check
+from mmt.planning.redact import env_names_in, masked_config
+from mmt.records.outcome import error_for
+
+if TYPE_CHECKING:  # the launcher imports this module lazily; its type is for the checker only
+    from hydra_plugins.mmt_launcher.mmt_launcher import MMTLauncher
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def _secret_names(config: DictConfig, job_overrides: Sequence[Sequence[str]]) -> List[str]:
+    """The env variables of the sweep's master config and of every job's overrides (before any job is planned)."""
+    try:
+        configured = OmegaConf.select(config, "hydra.launcher.env")
+    except Exception:  # an interpolation that does not resolve: planning each job names it
+        configured = None
+    names = list(configured) if isinstance(configured, (dict, DictConfig)) else []
+    # as written: an override's value may hold an interpolation (trainer.num_nodes=${num_nodes}) of a job's key
+    task = OmegaConf.select(config, "hydra.overrides.task", default=None)
+    given = OmegaConf.to_container(task, resolve=False) if task is not None else []
+    return env_names_in([*map(str, given), *(o for job in job_overrides for o in job)], names)
+
+
+def _protect_multirun_yaml(sweep_dir: Path, names: Sequence[str]) -> None:
+    """Hydra's record of the sweep holds the env values too: masked, and readable by the owner only."""
+    path = SweepDir(sweep_dir).multirun_yaml
+    if not names or not path.exists():
+        return
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    write_atomic(path, OmegaConf.to_yaml(OmegaConf.create(masked_config(data, names))).encode(), private=True)
+
+
+def _failed_return(job: prepare.HydraJob, error: Exception, primary: Optional[JobReturn] = None) -> JobReturn:
+    config, plan = job.config, job.prepared.plan
+    ret = primary or JobReturn(
+        overrides=list(plan.overrides),
+        cfg=OmegaConf.masked_copy(config, [k for k in config.keys() if k != "hydra"]),
+        hydra_cfg=OmegaConf.masked_copy(config, "hydra"),
+        working_dir=plan.job_dir,
+        task_name=str(config.hydra.job.name),
+    )
+    ret.status = JobStatus.FAILED
+    ret.return_value = error
+    return ret
+
+
+def _optimised(job: prepare.HydraJob, ret: JobReturn, key: Optional[str]) -> JobReturn:
+    """The number a sweeper optimises, out of the job's returned dict."""
+    if key is None:
+        return ret
+    value = ret._return_value
+    number = value.get(key) if isinstance(value, dict) else value
+    if isinstance(number, (int, float)) and not isinstance(number, bool):
+        ret.return_value = float(number)
+        return ret
+    keys = ", ".join(map(str, value)) if isinstance(value, dict) else type(value).__name__
+    return _failed_return(job, InvalidJobError(job.prepared.plan.label, f"the job returned no number under "
+                                               f"{key!r} (it returned {keys}). HINT: set optimized_metric=<key>"), ret)
+
+
+def _job_return(job: prepare.HydraJob, report: engine.JobReport, key: Optional[str]) -> JobReturn:
+    if report.outcome.status == JobState.COMPLETED:
+        return _optimised(job, report.primary, key)
+    return _failed_return(job, error_for(report.plan, report.outcome), report.primary)
+
+
+def _dry_run(jobs: List[prepare.HydraJob], backend: Backend[Any]) -> List[JobReturn]:
+    print(f"mmt dry run: {len(jobs)} job(s) on cluster={backend.name}; nothing is started\n")
+    for job in jobs:
+        print(dryrun.render(job.prepared.plan, backend.describe(job.prepared.plan)) + "\n")
+    return [JobReturn(overrides=list(job.prepared.plan.overrides), cfg=job.config, hydra_cfg=None,
+                      working_dir=job.prepared.plan.job_dir, task_name=str(job.config.hydra.job.name),
+                      status=JobStatus.COMPLETED, _return_value=None) for job in jobs]
+
+
+def launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
+           initial_job_idx: int) -> Sequence[JobReturn]:
+    try:
+        return _launch(launcher, job_overrides, initial_job_idx)
+    finally:
+        forget_composed(launcher.hydra_context.config_loader)
+
+
+def _launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
+            initial_job_idx: int) -> Sequence[JobReturn]:
+    setup_globals()
+    config = launcher.config
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    backend: Backend = launcher.backend
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    up_front = OmegaConf.select(config, "hydra.sweeper._target_") == BASIC_SWEEPER
+    # Hydra wrote the sweep's record (multirun.yaml) before calling us: the env values in it go, whatever follows
+    _protect_multirun_yaml(sweep_dir, _secret_names(config, job_overrides))
+    prepare.warm_up(backend, config)  # again, should the agent have gone since the last batch
+    jobs: Dict[int, prepare.HydraJob] = {}
+    refused: Dict[int, Exception] = {}
+    for i, overrides in enumerate(job_overrides):
+        num = initial_job_idx + i
+        try:
+            job = prepare.prepare_job(hydra_context=launcher.hydra_context, master=config, task_function=launcher.task_function,
+                              backend=backend, overrides=overrides, num=num)
+            if not job.prepared.plan.dry_run:
+                engine.refuse_unrunnable(backend, [job.prepared.plan])
+            jobs[num] = job
+        except ConfigError as exc:
+            if up_front:
+                raise  # the whole grid is known: refuse it before anything starts
+            refused[num] = InvalidJobError(f"job {num}", str(exc))
+    if any(job.prepared.plan.dry_run for job in jobs.values()):
+        return _dry_run(list(jobs.values()), backend)
+    mode = ConsoleMode(check.choice("hydra.launcher.console", config.hydra.launcher.console, values(ConsoleMode)))
+    options = engine.LaunchOptions(sweep_dir=sweep_dir, console=mode, registry=prepare.open_registry())
+    if bool(OmegaConf.select(config, "hydra.launcher.detach")):
+        return _detach(launcher, list(jobs.values()), backend, options, up_front, refused, job_overrides,
+                       initial_job_idx)
+    prepare.start_plotter(sweep_dir, [job.prepared.plan.job_dir for job in jobs.values()])
+    console = Console()
+    page = prepare.start_dashboard(config.hydra.launcher, sweep_dir, console)
+    not_started = [engine.NotStarted(num, job_overrides[num - initial_job_idx], str(error.reason))
+                   for num, error in refused.items()]
+    try:
+        if jobs:
+            report = engine.launch([job.prepared for job in jobs.values()], backend, options, console,
+                                   not_started=not_started)
+        else:
+            report = None
+            engine.summarise(sweep_dir, engine.LaunchReport(jobs=[]), console, not_started=not_started)
+    finally:
+        if page is not None:
+            page.close()
+        console.close()
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    by_num = {job.plan.num: job for job in report.jobs} if report else {}
+    returns = []
+    for i, overrides in enumerate(job_overrides):
+        num = initial_job_idx + i
+        if num in refused:
+            returns.append(_refused_return(launcher, overrides, refused[num]))
+            continue
+        job = jobs[num]
+        # the basic sweeper takes the value as it is; one that optimises gets a number (optimized_metric, or else
+        # the recipe's summary_metric)
+        key = None if up_front else (job.optimize or job.prepared.plan.summary_metric)
+        if num in by_num:
+            returns.append(_job_return(job, by_num[num], key))
+        elif report is not None and num in report.unsubmitted:
+            returns.append(_failed_return(job, InvalidJobError(f"job {num}", "not submitted: the launch was "
+                                                               "interrupted first")))
+        else:  # left running (detached on SIGHUP): no result yet
+            returns.append(_failed_return(job, InvalidJobError(f"job {num}", "detached: still running")))
+    if report is not None and report.interrupted_by is not None:
+        sys.exit(128 + report.interrupted_by)
+    return returns
+
+
+def _detach(launcher: "MMTLauncher", jobs: List[prepare.HydraJob], backend: Backend[Any], options: engine.LaunchOptions,
+            up_front: bool, refused: Dict[int, Exception], job_overrides: Sequence[Sequence[str]],
+            initial_job_idx: int) -> List[JobReturn]:
+    if not up_front:
+        sweeper = OmegaConf.select(launcher.config, "hydra.sweeper._target_")
+        raise ConfigError("hydra.launcher.detach", True, f"the sweeper {sweeper} decides its next trials from the "
+                          "jobs' return values, and a detached launch returns before any job has one",
+                          "run it attached (detach=false); the basic sweeper's grid can be detached")
+    from mmt.sdk import Job  # the handles returned; the SDK loads only for a detached launch
+
+    submitted = prepare.detached_submit([job.prepared for job in jobs], backend, options)
+    for item in submitted:
+        where = f"SLURM job {item.scheduler_id}" if item.scheduler_id else "a local supervisor"
+        print(f"mmt: detached job {item.plan.num} {item.plan.name} ({where}): {item.plan.job_dir}", flush=True)
+    print(f"mmt: {len(submitted)} job(s) run detached; each job's value is a handle (mmt.Job): follow them with "
+          "`mmt list`, `mmt logs NAME -f`, `mmt wait NAME`", flush=True)
+    returns, by_num = [], {item.plan.num: item for item in submitted}
+    jobs_by_num = {job.prepared.plan.num: job for job in jobs}
+    for i, overrides in enumerate(job_overrides):
+        num = initial_job_idx + i
+        if num in refused:
+            returns.append(_refused_return(launcher, overrides, refused[num]))
+            continue
+        job, item = jobs_by_num[num], by_num[num]
+        returns.append(JobReturn(overrides=list(item.plan.overrides), cfg=job.config, hydra_cfg=None,
+                                 working_dir=item.plan.job_dir, task_name=str(job.config.hydra.job.name),
+                                 status=JobStatus.COMPLETED, _return_value=Job(item.plan.name)))
+    return returns
+
+
+def _refused_return(launcher: "MMTLauncher", overrides: Sequence[str], error: Exception) -> JobReturn:
+    return JobReturn(overrides=list(overrides), cfg=None, hydra_cfg=None, working_dir="",
+                     task_name=str(launcher.config.hydra.job.name), status=JobStatus.FAILED, _return_value=error)

@@ -1,0 +1,179 @@
+"""Preparing jobs for the engine from Hydra configs, for every front end (the Hydra launcher, the ``mmt`` CLI, the
+SDK): each job's config composed once from the sweep's master config and its overrides, its output dir frozen, its
+plan made, its payload packed; plus what a launch needs around that (its backend, its registry, the sweep dir checked,
+the live page, a detached start).
+
+* Every job's config is composed here, in the launcher process, once: ranks never re-compose (one ``${now:}``, one
+  output dir), and per-job values (``num_nodes=1,2``) come from each job's own config. The launcher takes the
+  config the sweeper composed to check the batch (``compose_once``) instead of composing it a second time.
+"""
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, List, Optional, Sequence
+
+from hydra.core.singleton import Singleton
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from mmt.backends.base import Backend
+from mmt.backends.registry import UnknownBackendError, backend_class
+from mmt.backends.registry import names as backend_names
+from mmt.core.errors import ConfigError
+from mmt.core.launch_id import JOB_NAME_ID, LAUNCH_ID
+from mmt.launching import engine, supervisor
+from mmt.launching.compose_once import ComposeOnce, compose_job
+from mmt.launching.console import Console
+from mmt.monitor import plots
+from mmt.planning import validate as check
+from mmt.planning.plan import plan_job
+from mmt.records import ownership
+from mmt.records.payload import JobPayload
+from mmt.records.registry import Registry
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,80}$")
+
+
+def make_backend(launcher_cfg: DictConfig) -> Backend[Any]:
+    """The launch's backend, by the launcher config's ``backend`` name, built from its validated settings."""
+    name = OmegaConf.select(launcher_cfg, "backend")
+    try:
+        cls = backend_class(str(name))
+    except UnknownBackendError:
+        raise ConfigError("hydra.launcher.backend", name, f"expected one of [{', '.join(backend_names())}]",
+                          "select a launcher with cluster=<name> (hydra/launcher=mmt_local|mmt_slurm)") from None
+    return cls.from_config(launcher_cfg)
+
+
+def keep_composed_jobs(hydra_context: Any) -> None:
+    """Called in the launcher's setup(), before the sweeper checks its first batch."""
+    ComposeOnce.install(hydra_context.config_loader)
+
+
+def warm_up(backend: Backend[Any], config: DictConfig) -> None:
+    """Start what every launch needs (the host agent) before it is needed."""
+    if not OmegaConf.select(config, "hydra.launcher.dry_run"):
+        backend.warm_up()
+
+
+def start_plotter(sweep_dir: Path, job_dirs: Sequence[str]) -> None:
+    """summary.png's drawer imports matplotlib while the jobs run, when the sweep will have a plot worth it."""
+    if plots.sweep_may_be_drawn(sweep_dir, job_dirs):
+        plots.Plotter.start()
+
+
+def refuse_sweep_in_use(config: DictConfig, backend: Backend[Any]) -> None:
+    """Called in the launcher's setup(), before the sweeper writes ``multirun.yaml`` into the sweep dir."""
+    ownership.refuse_sweep_in_use(Path(str(config.hydra.sweep.dir)), backend.owner_active)
+
+
+def check_sweep_dir(config: DictConfig) -> None:
+    """A sweep dir that cannot be created or written is one line, not a traceback from the sweeper's mkdir."""
+    raw = str(OmegaConf.select(config, "hydra.sweep.dir"))
+    check.one_line("hydra.sweep.dir", raw, "choose a sweep dir without a newline")
+    path = Path(raw).absolute()
+    existing = next(p for p in [path, *path.parents] if p.exists())
+    if not existing.is_dir():
+        raise ConfigError("hydra.sweep.dir", raw, f"{existing} exists and is not a directory",
+                          "choose another hydra.sweep.dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not writable" if existing == path else f"cannot be created: {existing} is not writable"
+        raise ConfigError("hydra.sweep.dir", raw, f"the sweep dir {what}", "choose a writable hydra.sweep.dir")
+
+
+@dataclass
+class HydraJob:
+    prepared: engine.PreparedJob
+    config: DictConfig
+    optimize: Optional[str]
+
+
+def check_name(key: str, name: Any) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigError(key, name, "expected letters, digits, '.', '-' and '_', starting with a letter or digit "
+                          "(at most 81)", f"e.g. {key}=lr-sweep")
+    return name
+
+
+def _job_name(launcher_cfg: DictConfig, config: DictConfig, num: int) -> str:
+    given = OmegaConf.select(launcher_cfg, "name")
+    if given is not None:
+        return f"{check_name('hydra.launcher.name', given)}-{num}"
+    app = re.sub(r"[^A-Za-z0-9_.-]", "_", str(config.hydra.job.name))[:40] or "job"
+    return f"{app}-{JOB_NAME_ID}-{num}"
+
+
+def _freeze_output_dir(config: DictConfig) -> str:
+    """Resolve the job's output dir once, here, and pin it in the config every rank receives."""
+    sweep_dir = str(OmegaConf.select(config, "hydra.sweep.dir"))
+    subdir = str(OmegaConf.select(config, "hydra.sweep.subdir"))
+    with open_dict(config):
+        config.hydra.sweep.dir = sweep_dir
+        config.hydra.sweep.subdir = subdir
+    return os.path.abspath(os.path.join(sweep_dir, subdir))
+
+
+def prepare_job(*, hydra_context: Any, master: DictConfig, task_function: Any, backend: Backend[Any],
+                overrides: Sequence[str], num: int, name: Optional[str] = None,
+                amend: Optional[Callable[[DictConfig], None]] = None) -> HydraJob:
+    """Compose one job's config from the sweep's master config and its overrides, plan it, and pack its payload.
+    ``name``: the job's registry name (the CLI's --name); default: from hydra.launcher.name or the launch.
+    ``amend``: changes the composed config before it is planned (the CLI's env values)."""
+    config = compose_job(hydra_context.config_loader, master, overrides)
+    if amend is not None:
+        amend(config)
+    target = OmegaConf.select(config, "hydra.launcher._target_")
+    if target != master.hydra.launcher._target_:
+        raise ConfigError("hydra/launcher", target, f"job {num} ({' '.join(overrides)}) selects another launcher "
+                          "than the sweep's; a sweep runs on one backend", "run one sweep per cluster, not cluster=a,b")
+    launcher_cfg = config.hydra.launcher
+    name = name or _job_name(launcher_cfg, config, num)
+    job_id = f"{JOB_NAME_ID}-{num}"
+    with open_dict(config):
+        config.hydra.job.id = job_id
+        config.hydra.job.num = num
+    job_dir = _freeze_output_dir(config)
+    plan = plan_job(launcher_cfg, num=num, name=name, job_id=job_id, overrides=list(overrides), job_dir=job_dir,
+                    limits=backend.limits, launcher_env=os.environ)
+    payload = JobPayload(plan=plan, callbacks=hydra_context.callbacks, task_function=task_function,
+                         config=config, singleton_state=Singleton.get_state())
+    optimize = OmegaConf.select(launcher_cfg, "optimized_metric")
+    return HydraJob(prepared=engine.PreparedJob(payload=payload, copied_env={n: os.environ[n] for n in plan.env_from}),
+                     config=config, optimize=optimize if isinstance(optimize, str) else None)
+
+
+def start_dashboard(launcher_cfg: DictConfig, sweep_dir: Path, console: Console) -> Any:
+    """The live page for this launch, when ``hydra.launcher.dashboard`` asks for it (it ends with the launch)."""
+    if not OmegaConf.select(launcher_cfg, "dashboard"):
+        return None
+    from mmt.dashboard.background import BackgroundDashboard  # the page's server: only when asked for
+
+    page = BackgroundDashboard([sweep_dir])
+    console.write(f"mmt: live page: {page.url or 'could not start (see the log above)'}  (later: mmt dashboard "
+                  f"{sweep_dir})\n")
+    return page
+
+
+def open_registry() -> Optional[Registry]:
+    """The job registry; a launch still runs (its job dirs are the truth) where the registry cannot be opened."""
+    registry = Registry()
+    try:
+        registry.names_taken([])
+    except Exception as exc:
+        print(f"mmt: WARNING the job registry {registry.path} cannot be used ({exc}); jobs run unregistered",
+              file=sys.stderr)
+        return None
+    return registry
+
+
+def detached_submit(jobs: List[engine.PreparedJob], backend: Backend[Any], options: engine.LaunchOptions
+                    ) -> List[engine.Submitted]:
+    """Start jobs that outlive this process: SLURM's conclude themselves; local ones get a supervisor."""
+    if options.registry is None:
+        raise ConfigError("hydra.launcher.detach", True, "detached jobs are found again through the job registry, "
+                          "which cannot be opened here", "fix MMT_HOME (or ~/.mmt), or run attached")
+    if backend.survives_launcher:
+        return engine.submit(jobs, backend, options)
+    return supervisor.start(jobs, backend, options, LAUNCH_ID)
