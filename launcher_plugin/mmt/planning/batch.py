@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 from mmt.core.errors import ConfigError
 from mmt.planning import validate as check
 from mmt.core.rank_env import batch_env
-from mmt.planning import tuned as tuned
+from mmt.planning import tuned
 
 _KEYS = ("global_size", "recipe", "precision", "default_micro", "micro", "table")
 

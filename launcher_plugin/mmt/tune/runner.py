@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from mmt.core import rank_env
-from mmt.planning import tuned as tuned
+from mmt.planning import tuned
 from mmt.tune.search import Trial, TuneError, TuneSettings, choose, confirm, refine, search, sweep
 
 GIB = 1024 ** 3
