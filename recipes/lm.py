@@ -12,9 +12,8 @@ the same data with Lightning Fabric and with raw PyTorch DDP.
     python train.py -m recipe.lr=0.5,1.0 num_nodes=2 devices=2
 """
 
-import os
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import lightning as L
 import torch
@@ -22,11 +21,11 @@ import torch.nn.functional as F
 from lightning.pytorch.demos import Transformer
 from lightning.pytorch.strategies import DDPStrategy
 
-from mmt import RankInfo
-from mmt.checkpoints import resume_from
+from mmt.core.checkpoints import resume_from
 from mmt.lightning import AtomicCheckpointIO, RequeueOnSignal, cluster_environment
 from recipes.corpus import load_splits, weights_digest
-from recipes.lm_common import StepClock, gather, keep_ddp_buckets, summary
+from recipes.lm_common import RankPlan, StepClock, gather, keep_ddp_buckets, report, summary
+from recipes.lm_config import LMConfig
 
 
 class LanguageModel(L.LightningModule):
@@ -84,77 +83,63 @@ class Throughput(L.Callback):
         self.batches += 1
 
 
-def train(
-    seed: int,
-    accelerator: str,
-    data_dir: str,
-    block_size: int,
-    val_fraction: float,
-    lr: float,
-    model: Dict[str, Any],
-    max_steps: int,
-    val_check_interval: int,
-    limit_val_batches: int,
-    gradient_clip_val: float,
-    precision: str,
-    resume: bool = True,
-    fixed_buckets: Optional[bool] = None,
-    output_dir: Optional[str] = None,
-    batch_size: Optional[int] = None,
-    accumulate_grad_batches: Optional[int] = None,
-) -> Dict[str, Any]:
-    """Train; return rank 0's summary. ``batch_size``/``accumulate_grad_batches``: None = the launcher's plan.
+def train(**recipe: Any) -> Dict[str, Any]:
+    """Train; return rank 0's summary. ``recipe``: the keys under ``recipe:`` (``recipes.lm_config.LMConfig``)."""
+    config = LMConfig.from_kwargs("lm", recipe)
+    plan = RankPlan.from_env(config)
+    L.seed_everything(config.seed, workers=True, verbose=False)
+    data = LanguageData(config.data_dir, config.block_size, config.val_fraction, plan.micro, config.seed)
+    module = LanguageModel(vocab_size=data.vocab_size, lr=config.lr, **config.model.kwargs())
+    throughput = Throughput(StepClock(plan.rank.world_size, plan.accumulate))
+    last = plan.out / "checkpoints" / "last.ckpt"
+    trainer = _trainer(config, plan, throughput, last)
+    plan.rank.check_world_size(trainer.world_size)
+    resumed = resume_from(last, config.resume) is not None
+    trainer.fit(module, datamodule=data, ckpt_path=str(last) if resumed else None)
+    return _result(trainer, module, throughput, plan, resumed, last)
 
-    ``max_steps`` and ``val_check_interval`` count optimizer steps, in all three LM recipes.
-    ``fixed_buckets``: DDP keeps one gradient-bucket layout, so a requeued run resumes bit for bit
-    (``recipes.lm_common.keep_ddp_buckets``).
-    """
-    rank = RankInfo.from_env()
-    out = Path(output_dir or rank.job_dir or os.getcwd())
-    batch_size, accumulate_grad_batches = rank.batch_sizes(batch_size, accumulate_grad_batches)
-    L.seed_everything(seed, workers=True, verbose=False)
-    data = LanguageData(data_dir, block_size, val_fraction, batch_size, seed)
-    module = LanguageModel(vocab_size=data.vocab_size, lr=lr, **model)
-    throughput = Throughput(StepClock(rank.world_size, accumulate_grad_batches))
-    checkpoints = L.pytorch.callbacks.ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0)
-    last = out / "checkpoints" / "last.ckpt"
+
+def _trainer(config: LMConfig, plan: RankPlan, throughput: Throughput, last: Path) -> L.Trainer:
+    """The Trainer for the launcher's world: DDP over every rank, the plan's accumulation, mmt's checkpoint IO and
+    requeue handling, metrics.csv written at every step."""
+    checkpoints = L.pytorch.callbacks.ModelCheckpoint(dirpath=plan.out / "checkpoints", save_last=True,
+                                                      save_top_k=0)
     environment = cluster_environment()  # under SLURM: Lightning's SLURM environment, its auto-requeue off
-    trainer = L.Trainer(
-        accelerator=accelerator,
-        num_nodes=rank.num_nodes,
-        devices=rank.local_world_size,
-        strategy=DDPStrategy(find_unused_parameters=keep_ddp_buckets(fixed_buckets)) if rank.world_size > 1
-        else "auto",
-        max_steps=max_steps,
-        val_check_interval=val_check_interval * accumulate_grad_batches,  # Lightning counts micro-batches here
+    return L.Trainer(
+        accelerator=config.accelerator,
+        num_nodes=plan.rank.num_nodes,
+        devices=plan.rank.local_world_size,
+        strategy=DDPStrategy(find_unused_parameters=keep_ddp_buckets(config.fixed_buckets))
+        if plan.rank.world_size > 1 else "auto",
+        max_steps=config.max_steps,
+        val_check_interval=config.val_check_interval * plan.accumulate,  # Lightning counts micro-batches here
         check_val_every_n_epoch=None,
-        limit_val_batches=limit_val_batches,
+        limit_val_batches=config.limit_val_batches,
         num_sanity_val_steps=0,
-        accumulate_grad_batches=accumulate_grad_batches,
-        gradient_clip_val=gradient_clip_val,
-        precision=precision,
+        accumulate_grad_batches=plan.accumulate,
+        gradient_clip_val=config.gradient_clip_val,
+        precision=config.precision,
         # every step reaches metrics.csv at once: the launcher's progress and the live page read it
-        logger=L.pytorch.loggers.CSVLogger(save_dir=out, name="", version="", flush_logs_every_n_steps=1),
+        logger=L.pytorch.loggers.CSVLogger(save_dir=plan.out, name="", version="", flush_logs_every_n_steps=1),
         log_every_n_steps=1,
         callbacks=[checkpoints, throughput, RequeueOnSignal(str(last))],  # mmt owns the requeue signal
         plugins=[AtomicCheckpointIO(), *([environment] if environment else [])],
-        default_root_dir=out,
+        default_root_dir=plan.out,
         enable_progress_bar=False,
-        enable_model_summary=rank.is_main,
+        enable_model_summary=plan.rank.is_main,
     )
-    rank.check_world_size(trainer.world_size)
-    resumed = resume_from(last, resume) is not None
-    trainer.fit(module, datamodule=data, ckpt_path=str(last) if resumed else None)
 
+
+def _result(trainer: L.Trainer, module: LanguageModel, throughput: Throughput, plan: RankPlan, resumed: bool,
+            last: Path) -> Dict[str, Any]:
+    """The summary every LM recipe returns, plus the cluster environment Lightning ran under; rank 0 reports it."""
     result = summary(val_loss=float(trainer.callback_metrics.get("val_loss", float("nan"))),
                      train_losses=module.train_losses,
-                     steps=trainer.global_step, world_size=trainer.world_size, micro=batch_size,
-                     accumulate=accumulate_grad_batches, samples_per_s=throughput.clock.samples_per_s,
-                     resumed=resumed, digests=gather(weights_digest(module), rank.world_size), checkpoint=str(last))
+                     steps=trainer.global_step, world_size=trainer.world_size, micro=plan.micro,
+                     accumulate=plan.accumulate, samples_per_s=throughput.clock.samples_per_s, resumed=resumed,
+                     digests=gather(weights_digest(module), plan.rank.world_size), checkpoint=str(last))
     environment = getattr(trainer.strategy, "cluster_environment", None)  # a single device has none
     result["cluster_environment"] = type(environment).__name__ if environment is not None else None
-    if rank.is_main:
-        print(f"lm: {trainer.global_step} steps on {rank.world_size} ranks (micro-batch {batch_size} x "
-              f"{accumulate_grad_batches}), val_loss={result['val_loss']:.4f}, weights identical on all ranks: "
-              f"{result['weights_in_sync']}", flush=True)
+    if plan.rank.is_main:
+        report("lm", result)
     return result

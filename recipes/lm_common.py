@@ -3,9 +3,37 @@ results and speed compare: the same data, the same model, the same batch plan an
 """
 
 import csv
+import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+from recipes.lm_config import LMConfig
+
+if TYPE_CHECKING:
+    from mmt import RankInfo
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """This rank's place (the launcher's rank contract), where it writes, and its share of the batch plan."""
+
+    rank: "RankInfo"
+    out: Path
+    micro: int  # micro-batch: the DataLoader's batch_size
+    accumulate: int  # micro-batches per optimizer step
+
+    @classmethod
+    def from_env(cls, config: LMConfig) -> "RankPlan":
+        """``config.batch_size``/``accumulate_grad_batches`` where set (they must agree with the launcher's plan),
+        else the plan's; output in ``config.output_dir``, else the job dir, else the working directory."""
+        from mmt import RankInfo
+
+        rank = RankInfo.from_env()
+        out = Path(config.output_dir or rank.job_dir or os.getcwd())
+        micro, accumulate = rank.batch_sizes(config.batch_size, config.accumulate_grad_batches)
+        return cls(rank, out, micro, accumulate)
 
 
 def keep_ddp_buckets(fixed_buckets: Optional[bool]) -> bool:
@@ -18,7 +46,7 @@ def keep_ddp_buckets(fixed_buckets: Optional[bool]) -> bool:
     cost within noise on the 2 x 2 CPU job (~199 samples/s either way), but it then logs a one-time warning that
     none were unused: hence only where a requeue needs it.
     """
-    from mmt import preemption
+    from mmt.core import preemption
 
     return preemption.installed() if fixed_buckets is None else fixed_buckets
 
@@ -51,6 +79,27 @@ class StepClock:
         return self.samples / self.seconds if self.seconds > 0 else None
 
 
+class Progress:
+    """What a hand-written training loop (``lm_fabric``, ``lm_torch``) keeps: the step clock, the loss of every
+    micro-batch, the latest validation loss and the count of micro-batches run."""
+
+    def __init__(self, world_size: int, accumulate: int) -> None:
+        self.clock = StepClock(world_size, accumulate)
+        self.losses: List[float] = []
+        self.val_loss = float("nan")
+        self.batches = 0
+
+    def micro_batch_done(self, samples: int, loss: Any) -> None:
+        """After a micro-batch (and its optimizer step, if it was the last of one): stop the clock, keep the loss."""
+        self.clock.stop(self.batches, samples)
+        self.batches += 1
+        self.losses.append(loss.item())
+
+    def row(self, step: int) -> Dict[str, Any]:
+        """``metrics.csv``'s row for optimizer step ``step`` (its val_loss filled in where it validates)."""
+        return {"step": step, "train_loss": self.losses[-1], "val_loss": ""}
+
+
 def gather(value: Any, world_size: int) -> List[Any]:
     """``value`` from every rank, in rank order (just ``[value]`` outside a process group)."""
     import torch.distributed as dist
@@ -81,6 +130,13 @@ def summary(*, val_loss: float, train_losses: List[float], steps: int, world_siz
         "weight_digests": digests,
         "checkpoint": checkpoint,
     }
+
+
+def report(recipe: str, result: Dict[str, Any]) -> None:
+    """The line rank 0 prints at the end (the launcher shows it; tests look for it)."""
+    print(f"{recipe}: {result['steps']} steps on {result['world_size']} ranks (micro-batch "
+          f"{result['micro_batch_size']} x {result['grad_accum']}), val_loss={result['val_loss']:.4f}, "
+          f"weights identical on all ranks: {result['weights_in_sync']}", flush=True)
 
 
 def append_metrics(path: Path, rows: List[Dict[str, Any]]) -> None:

@@ -8,9 +8,8 @@ skips the gradient all-reduce on all but the last micro-batch (``no_backward_syn
     python train.py -m recipe=lm_fabric num_nodes=2 devices=2
 """
 
-import os
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Tuple
 
 import lightning as L
 from lightning.fabric.strategies import DDPStrategy
@@ -20,10 +19,11 @@ from lightning.pytorch.demos import Transformer
 from torch.utils.data import DataLoader
 
 from mmt import RankInfo
-from mmt.checkpoints import resume_from
+from mmt.core.checkpoints import resume_from
 from mmt.lightning import AtomicCheckpointIO
 from recipes.corpus import load_splits, weights_digest
-from recipes.lm_common import StepClock, append_metrics, gather, keep_ddp_buckets, summary
+from recipes.lm_common import Progress, RankPlan, append_metrics, gather, keep_ddp_buckets, report, summary
+from recipes.lm_config import LMConfig
 
 
 def _loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
@@ -52,86 +52,84 @@ def _validate(fabric: L.Fabric, model: torch.nn.Module, loader: DataLoader, limi
     return float(total[0] / total[1])
 
 
-def train(
-    seed: int,
-    accelerator: str,
-    data_dir: str,
-    block_size: int,
-    val_fraction: float,
-    lr: float,
-    model: Dict[str, Any],
-    max_steps: int,
-    val_check_interval: int,
-    limit_val_batches: int,
-    gradient_clip_val: float,
-    precision: str,
-    resume: bool = True,
-    fixed_buckets: Optional[bool] = None,
-    output_dir: Optional[str] = None,
-    batch_size: Optional[int] = None,
-    accumulate_grad_batches: Optional[int] = None,
-) -> Dict[str, Any]:
-    """Train; return rank 0's summary. ``batch_size``/``accumulate_grad_batches``: None = the launcher's plan.
+def train(**recipe: Any) -> Dict[str, Any]:
+    """Train; return rank 0's summary. ``recipe``: the keys under ``recipe:`` (``recipes.lm_config.LMConfig``)."""
+    config = LMConfig.from_kwargs("lm_fabric", recipe)
+    plan = RankPlan.from_env(config)
+    fabric = _fabric(config, plan.rank)
+    network, optimizer, train_loader, val_loader = _setup(fabric, config, plan.micro)
+    last = plan.out / "checkpoints" / "last.ckpt"
+    state: Dict[str, Any] = {"model": network, "optimizer": optimizer, "step": 0}
+    resumed = resume_from(last, config.resume) is not None
+    if resumed:
+        fabric.load(last, state)
+    progress = _fit(fabric, config, plan, state, train_loader, val_loader, last)
+    result = summary(val_loss=progress.val_loss, train_losses=progress.losses, steps=state["step"],
+                     world_size=fabric.world_size, micro=plan.micro, accumulate=plan.accumulate,
+                     samples_per_s=progress.clock.samples_per_s, resumed=resumed,
+                     digests=gather(weights_digest(network.module), plan.rank.world_size), checkpoint=str(last))
+    if fabric.global_rank == 0:
+        report("lm_fabric", result)
+    return result
 
-    ``max_steps`` and ``val_check_interval`` count optimizer steps, in all three LM recipes.
-    ``fixed_buckets``: DDP keeps one gradient-bucket layout (``recipes.lm_common.keep_ddp_buckets``).
-    """
-    rank = RankInfo.from_env()
-    out = Path(output_dir or rank.job_dir or os.getcwd())
-    micro, accumulate = rank.batch_sizes(batch_size, accumulate_grad_batches)
-    fabric = L.Fabric(accelerator=accelerator, num_nodes=rank.num_nodes, devices=rank.local_world_size,
-                      strategy=DDPStrategy(find_unused_parameters=keep_ddp_buckets(fixed_buckets))
+
+def _fabric(config: LMConfig, rank: RankInfo) -> L.Fabric:
+    """Fabric for the launcher's world (DDP over every rank), launched (it spawns nothing: the ranks exist)."""
+    fabric = L.Fabric(accelerator=config.accelerator, num_nodes=rank.num_nodes, devices=rank.local_world_size,
+                      strategy=DDPStrategy(find_unused_parameters=keep_ddp_buckets(config.fixed_buckets))
                       if rank.world_size > 1 else "auto",
-                      precision=precision, plugins=[AtomicCheckpointIO()])
+                      precision=config.precision, plugins=[AtomicCheckpointIO()])
     fabric.launch()
     rank.check_world_size(fabric.world_size, "fabric")
-    fabric.seed_everything(seed, workers=True, verbose=False)
-    train_set, val_set, vocab_size = load_splits(data_dir, block_size, val_fraction, seed)
-    network = Transformer(vocab_size=vocab_size, **model)
-    optimizer = torch.optim.SGD(network.parameters(), lr=lr)
+    return fabric
+
+
+def _setup(fabric: L.Fabric, config: LMConfig, micro: int) -> Tuple[Any, Any, DataLoader, DataLoader]:
+    """Seed, then the data, the model and its optimizer, set up by Fabric (it adds the DistributedSamplers)."""
+    fabric.seed_everything(config.seed, workers=True, verbose=False)
+    train_set, val_set, vocab_size = load_splits(config.data_dir, config.block_size, config.val_fraction,
+                                                 config.seed)
+    network = Transformer(vocab_size=vocab_size, **config.model.kwargs())
+    optimizer = torch.optim.SGD(network.parameters(), lr=config.lr)
     network, optimizer = fabric.setup(network, optimizer)
     train_loader, val_loader = fabric.setup_dataloaders(DataLoader(train_set, batch_size=micro, shuffle=True),
                                                         DataLoader(val_set, batch_size=micro, shuffle=False))
+    return network, optimizer, train_loader, val_loader
 
-    last = out / "checkpoints" / "last.ckpt"
-    state: Dict[str, Any] = {"model": network, "optimizer": optimizer, "step": 0}
-    resumed = resume_from(last, resume) is not None
-    if resumed:
-        fabric.load(last, state)
-    clock, losses = StepClock(rank.world_size, accumulate), []
-    val_loss, batches = float("nan"), _batches(train_loader)
-    index = 0
-    while state["step"] < max_steps:
-        for micro_index in range(accumulate):
-            batch = next(batches)
-            clock.start()
-            last_micro = micro_index == accumulate - 1
-            with fabric.no_backward_sync(network, enabled=not last_micro):
-                loss = _loss(network, batch)
-                fabric.backward(loss / accumulate)
-            if last_micro:
-                fabric.clip_gradients(network, optimizer, max_norm=gradient_clip_val)
-                optimizer.step()
-                optimizer.zero_grad()
-            clock.stop(index, len(batch[0]))
-            index += 1
-            losses.append(loss.item())
+
+def _fit(fabric: L.Fabric, config: LMConfig, plan: RankPlan, state: Dict[str, Any], train_loader: DataLoader,
+         val_loader: DataLoader, last: Path) -> Progress:
+    """Optimizer steps up to ``config.max_steps``; validate and checkpoint every ``val_check_interval``."""
+    network, optimizer = state["model"], state["optimizer"]
+    progress, batches = Progress(plan.rank.world_size, plan.accumulate), _batches(train_loader)
+    while state["step"] < config.max_steps:
+        _optimizer_step(fabric, network, optimizer, batches, config.gradient_clip_val, plan.accumulate, progress)
         state["step"] += 1
-        row = {"step": state["step"], "train_loss": losses[-1], "val_loss": ""}
-        if state["step"] % val_check_interval == 0:
-            val_loss = _validate(fabric, network, val_loader, limit_val_batches)
-            row["val_loss"] = val_loss
+        row = progress.row(state["step"])
+        if state["step"] % config.val_check_interval == 0:
+            progress.val_loss = _validate(fabric, network, val_loader, config.limit_val_batches)
+            row["val_loss"] = progress.val_loss
             fabric.save(last, state)  # rank 0 writes
             if fabric.global_rank == 0:  # fabric.print would print once per node
-                print(f"lm_fabric: step {state['step']} train_loss {losses[-1]:.4f} val_loss {val_loss:.4f}",
-                      flush=True)
+                print(f"lm_fabric: step {state['step']} train_loss {progress.losses[-1]:.4f} "
+                      f"val_loss {progress.val_loss:.4f}", flush=True)
         if fabric.global_rank == 0:  # every step, as it happens: the launcher's progress reads it
-            append_metrics(out / "metrics.csv", [row])
+            append_metrics(plan.out / "metrics.csv", [row])
+    return progress
 
-    result = summary(val_loss=val_loss, train_losses=losses, steps=state["step"], world_size=fabric.world_size,
-                     micro=micro, accumulate=accumulate, samples_per_s=clock.samples_per_s, resumed=resumed,
-                     digests=gather(weights_digest(network.module), rank.world_size), checkpoint=str(last))
-    if fabric.global_rank == 0:
-        print(f"lm_fabric: {state['step']} steps on {fabric.world_size} ranks (micro-batch {micro} x {accumulate}), "
-              f"val_loss={val_loss:.4f}, weights identical on all ranks: {result['weights_in_sync']}", flush=True)
-    return result
+
+def _optimizer_step(fabric: L.Fabric, network: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    batches: Iterator[Any], clip: float, accumulate: int, progress: Progress) -> None:
+    """One optimizer step over ``accumulate`` micro-batches; the gradient all-reduce only on the last."""
+    for micro_index in range(accumulate):
+        batch = next(batches)
+        progress.clock.start()
+        last_micro = micro_index == accumulate - 1
+        with fabric.no_backward_sync(network, enabled=not last_micro):
+            loss = _loss(network, batch)
+            fabric.backward(loss / accumulate)
+        if last_micro:
+            fabric.clip_gradients(network, optimizer, max_norm=clip)
+            optimizer.step()
+            optimizer.zero_grad()
+        progress.micro_batch_done(len(batch[0]), loss)

@@ -10,11 +10,10 @@ accumulating micro-batches, and only rank 0 printing, writing ``metrics.csv`` an
 """
 
 import contextlib
-import os
 import random
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, NamedTuple, Tuple
 
 import torch
 import torch.distributed as dist
@@ -25,9 +24,10 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from mmt import RankInfo
-from mmt.checkpoints import resume_from, save_atomic
+from mmt.core.checkpoints import resume_from, save_atomic
 from recipes.corpus import load_splits, weights_digest
-from recipes.lm_common import StepClock, append_metrics, gather, keep_ddp_buckets, summary
+from recipes.lm_common import Progress, RankPlan, append_metrics, gather, keep_ddp_buckets, report, summary
+from recipes.lm_config import TorchLMConfig
 
 _AUTOCAST = {"32-true": None, "32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
@@ -94,114 +94,135 @@ class _Run:
         return float(total[0] / total[1])
 
 
-def train(
-    seed: int,
-    accelerator: str,
-    data_dir: str,
-    block_size: int,
-    val_fraction: float,
-    lr: float,
-    model: Dict[str, Any],
-    max_steps: int,
-    val_check_interval: int,
-    limit_val_batches: int,
-    gradient_clip_val: float,
-    precision: str,
-    resume: bool = True,
-    fixed_buckets: Optional[bool] = None,
-    output_dir: Optional[str] = None,
-    batch_size: Optional[int] = None,
-    accumulate_grad_batches: Optional[int] = None,
-    init_timeout_s: float = 300,
-) -> Dict[str, Any]:
-    """Train; return rank 0's summary. ``batch_size``/``accumulate_grad_batches``: None = the launcher's plan.
+class _Data(NamedTuple):
+    sampler: DistributedSampler  # the training sampler: its epoch is set on every pass
+    train_loader: DataLoader
+    val_loader: DataLoader
+    vocab_size: int
 
-    ``max_steps`` and ``val_check_interval`` count optimizer steps, in all three LM recipes.
-    ``fixed_buckets``: DDP keeps one gradient-bucket layout (``recipes.lm_common.keep_ddp_buckets``).
-    """
-    rank = RankInfo.from_env()
-    out = Path(output_dir or rank.job_dir or os.getcwd())
-    micro, accumulate = rank.batch_sizes(batch_size, accumulate_grad_batches)
-    run = _Run(rank, accelerator, precision)
+
+class _Model(NamedTuple):
+    network: torch.nn.Module  # the Transformer itself: what is saved and digested
+    ddp: torch.nn.Module  # what trains: the network in DistributedDataParallel, or the network itself on one rank
+    optimizer: torch.optim.Optimizer
+
+
+def train(**recipe: Any) -> Dict[str, Any]:
+    """Train; return rank 0's summary. ``recipe``: the keys under ``recipe:`` (``recipes.lm_config.TorchLMConfig``:
+    ``LMConfig`` and ``init_timeout_s``)."""
+    config = TorchLMConfig.from_kwargs("lm_torch", recipe)
+    plan = RankPlan.from_env(config)
+    run = _Run(plan.rank, config.accelerator, config.precision)
+    with _process_group(plan.rank, run.device, config.init_timeout_s):
+        return _train(config, plan, run)
+
+
+@contextlib.contextmanager
+def _process_group(rank: RankInfo, device: torch.device, timeout_s: float) -> Iterator[None]:
+    """The process group of every rank (none on a single rank), from the rank contract; destroyed at the end."""
     distributed = rank.world_size > 1
     if distributed:
-        dist.init_process_group("nccl" if run.device.type == "cuda" else "gloo",
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 init_method=f"tcp://{rank.master_addr}:{rank.master_port}", rank=rank.rank,
-                                world_size=rank.world_size, timeout=timedelta(seconds=init_timeout_s))
+                                world_size=rank.world_size, timeout=timedelta(seconds=timeout_s))
     try:
-        return _train(rank, run, out, seed, data_dir, block_size, val_fraction, lr, model, max_steps,
-                      val_check_interval, limit_val_batches, gradient_clip_val, resume, micro, accumulate,
-                      fixed_buckets)
+        yield
     finally:
         if distributed:
             dist.destroy_process_group()
 
 
-def _train(rank: RankInfo, run: _Run, out: Path, seed: int, data_dir: str, block_size: int, val_fraction: float,
-           lr: float, model: Dict[str, Any], max_steps: int, val_check_interval: int, limit_val_batches: int,
-           gradient_clip_val: float, resume: bool, micro: int, accumulate: int,
-           fixed_buckets: bool) -> Dict[str, Any]:
-    _seed_everything(seed)
-    train_set, val_set, vocab_size = load_splits(data_dir, block_size, val_fraction, seed)
-    # the seed Lightning's samplers use (PL_GLOBAL_SEED): the same shuffle as lm and lm_fabric
-    sampler = DistributedSampler(train_set, num_replicas=rank.world_size, rank=rank.rank, shuffle=True, seed=seed)
-    val_sampler = DistributedSampler(val_set, num_replicas=rank.world_size, rank=rank.rank, shuffle=False)
-    train_loader = DataLoader(train_set, batch_size=micro, sampler=sampler)
-    val_loader = DataLoader(val_set, batch_size=micro, sampler=val_sampler)
-
-    network = Transformer(vocab_size=vocab_size, **model).to(run.device)
-    ddp = DistributedDataParallel(network, device_ids=[run.device.index] if run.device.type == "cuda" else None,
-                                  find_unused_parameters=keep_ddp_buckets(fixed_buckets)) \
-        if rank.world_size > 1 else network
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr)
-
-    last = out / "checkpoints" / "last.pt"
-    step, resumed = 0, resume_from(last, resume) is not None
-    if resumed:  # every rank reads rank 0's checkpoint
-        state = torch.load(last, map_location=run.device, weights_only=True)
-        network.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step = int(state["step"])
-
-    clock, losses = StepClock(rank.world_size, accumulate), []
-    val_loss, batches, index = float("nan"), _batches(train_loader, sampler), 0
-    while step < max_steps:
-        for micro_index in range(accumulate):
-            batch = next(batches)
-            clock.start()
-            last_micro = micro_index == accumulate - 1
-            # skip the gradient all-reduce until the last micro-batch of the step
-            sync = contextlib.nullcontext() if last_micro or ddp is network else ddp.no_sync()
-            with sync:
-                loss = run.loss(ddp, batch)
-                (loss / accumulate).backward()
-            if last_micro:
-                torch.nn.utils.clip_grad_norm_(ddp.parameters(), gradient_clip_val)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            clock.stop(index, len(batch[0]))
-            index += 1
-            losses.append(loss.item())
-        step += 1
-        row = {"step": step, "train_loss": losses[-1], "val_loss": ""}
-        if step % val_check_interval == 0:
-            val_loss = run.validate(ddp, val_loader, limit_val_batches)
-            row["val_loss"] = val_loss
-            if rank.is_main:
-                print(f"lm_torch: step {step} train_loss {losses[-1]:.4f} val_loss {val_loss:.4f}", flush=True)
-                _save(last, {"model": network.state_dict(), "optimizer": optimizer.state_dict(), "step": step})
-            if rank.world_size > 1:
-                dist.barrier()  # nobody resumes from a half-written checkpoint
-        if rank.is_main:  # every step, as it happens: the launcher's progress reads it
-            append_metrics(out / "metrics.csv", [row])
-
-    result = summary(val_loss=val_loss, train_losses=losses, steps=step, world_size=rank.world_size, micro=micro,
-                     accumulate=accumulate, samples_per_s=clock.samples_per_s, resumed=resumed,
-                     digests=gather(weights_digest(network), rank.world_size), checkpoint=str(last))
-    if rank.is_main:
-        print(f"lm_torch: {step} steps on {rank.world_size} ranks (micro-batch {micro} x {accumulate}), "
-              f"val_loss={val_loss:.4f}, weights identical on all ranks: {result['weights_in_sync']}", flush=True)
+def _train(config: TorchLMConfig, plan: RankPlan, run: _Run) -> Dict[str, Any]:
+    _seed_everything(config.seed)
+    data = _data(config, plan)
+    model = _model(config, plan.rank, run, data.vocab_size)
+    last = plan.out / "checkpoints" / "last.pt"
+    resumed = resume_from(last, config.resume) is not None
+    step = _resume(last, run, model) if resumed else 0
+    progress, step = _fit(config, plan, run, model, data, last, step)
+    result = summary(val_loss=progress.val_loss, train_losses=progress.losses, steps=step,
+                     world_size=plan.rank.world_size, micro=plan.micro, accumulate=plan.accumulate,
+                     samples_per_s=progress.clock.samples_per_s, resumed=resumed,
+                     digests=gather(weights_digest(model.network), plan.rank.world_size), checkpoint=str(last))
+    if plan.rank.is_main:
+        report("lm_torch", result)
     return result
+
+
+def _data(config: TorchLMConfig, plan: RankPlan) -> _Data:
+    """The corpus split, each rank's share of it (DistributedSampler) and the micro-batch loaders."""
+    train_set, val_set, vocab_size = load_splits(config.data_dir, config.block_size, config.val_fraction,
+                                                 config.seed)
+    rank = plan.rank
+    # the seed Lightning's samplers use (PL_GLOBAL_SEED): the same shuffle as lm and lm_fabric
+    sampler = DistributedSampler(train_set, num_replicas=rank.world_size, rank=rank.rank, shuffle=True,
+                                 seed=config.seed)
+    val_sampler = DistributedSampler(val_set, num_replicas=rank.world_size, rank=rank.rank, shuffle=False)
+    train_loader = DataLoader(train_set, batch_size=plan.micro, sampler=sampler)
+    val_loader = DataLoader(val_set, batch_size=plan.micro, sampler=val_sampler)
+    return _Data(sampler, train_loader, val_loader, vocab_size)
+
+
+def _model(config: TorchLMConfig, rank: RankInfo, run: _Run, vocab_size: int) -> _Model:
+    """The Transformer on this rank's device, in DDP where there are several ranks, and its optimizer."""
+    network = Transformer(vocab_size=vocab_size, **config.model.kwargs()).to(run.device)
+    ddp = DistributedDataParallel(network, device_ids=[run.device.index] if run.device.type == "cuda" else None,
+                                  find_unused_parameters=keep_ddp_buckets(config.fixed_buckets)) \
+        if rank.world_size > 1 else network
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=config.lr)
+    return _Model(network, ddp, optimizer)
+
+
+def _resume(last: Path, run: _Run, model: _Model) -> int:
+    """Every rank reads rank 0's checkpoint into the network and the optimizer; returns its step."""
+    state = torch.load(last, map_location=run.device, weights_only=True)
+    model.network.load_state_dict(state["model"])
+    model.optimizer.load_state_dict(state["optimizer"])
+    return int(state["step"])
+
+
+def _fit(config: TorchLMConfig, plan: RankPlan, run: _Run, model: _Model, data: _Data, last: Path,
+         step: int) -> Tuple[Progress, int]:
+    """Optimizer steps from ``step`` up to ``config.max_steps``; validate and checkpoint every
+    ``val_check_interval``. Returns the progress and the last step."""
+    progress, batches = Progress(plan.rank.world_size, plan.accumulate), _batches(data.train_loader, data.sampler)
+    while step < config.max_steps:
+        _optimizer_step(run, model, batches, config.gradient_clip_val, plan.accumulate, progress)
+        step += 1
+        row = progress.row(step)
+        if step % config.val_check_interval == 0:
+            progress.val_loss = run.validate(model.ddp, data.val_loader, config.limit_val_batches)
+            row["val_loss"] = progress.val_loss
+            if plan.rank.is_main:
+                print(f"lm_torch: step {step} train_loss {progress.losses[-1]:.4f} "
+                      f"val_loss {progress.val_loss:.4f}", flush=True)
+                _save(last, {"model": model.network.state_dict(), "optimizer": model.optimizer.state_dict(),
+                             "step": step})
+            if plan.rank.world_size > 1:
+                dist.barrier()  # nobody resumes from a half-written checkpoint
+        if plan.rank.is_main:  # every step, as it happens: the launcher's progress reads it
+            append_metrics(plan.out / "metrics.csv", [row])
+    return progress, step
+
+
+def _optimizer_step(run: _Run, model: _Model, batches: Iterator[Any], clip: float, accumulate: int,
+                    progress: Progress) -> None:
+    """One optimizer step over ``accumulate`` micro-batches; the gradient all-reduce only on the last."""
+    ddp, optimizer = model.ddp, model.optimizer
+    for micro_index in range(accumulate):
+        batch = next(batches)
+        progress.clock.start()
+        last_micro = micro_index == accumulate - 1
+        # skip the gradient all-reduce until the last micro-batch of the step
+        sync = contextlib.nullcontext() if last_micro or ddp is model.network else ddp.no_sync()
+        with sync:
+            loss = run.loss(ddp, batch)
+            (loss / accumulate).backward()
+        if last_micro:
+            torch.nn.utils.clip_grad_norm_(ddp.parameters(), clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        progress.micro_batch_done(len(batch[0]), loss)
 
 
 def _save(path: Path, state: Dict[str, Any]) -> None:
