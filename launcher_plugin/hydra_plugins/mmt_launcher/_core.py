@@ -26,7 +26,7 @@ from mmt.launching.compose_once import forget as forget_composed
 from mmt.launching.console import Console
 from mmt.planning import dryrun
 from mmt.planning import validate as check
-from mmt.planning.redact import env_names_in, masked_config
+from mmt.planning.redact import env_names_in, masked_config, masked_overrides
 from mmt.records.outcome import error_for
 
 if TYPE_CHECKING:  # the launcher imports this module lazily; its type is for the checker only
@@ -68,6 +68,8 @@ def _failed_return(job: prepare.HydraJob, error: Exception, primary: Optional[Jo
     )
     ret.status = JobStatus.FAILED
     ret.return_value = error
+    # Hydra prints a failed job's overrides ("Error executing job with overrides: [...]"): its env values masked
+    ret.overrides = masked_overrides(ret.overrides or plan.overrides, plan.secret_names)
     return ret
 
 
@@ -211,5 +213,6 @@ def _detach(launcher: "MMTLauncher", jobs: List[prepare.HydraJob], backend: Back
 
 
 def _refused_return(launcher: "MMTLauncher", overrides: Sequence[str], error: Exception) -> JobReturn:
-    return JobReturn(overrides=list(overrides), cfg=None, hydra_cfg=None, working_dir="",
+    return JobReturn(overrides=masked_overrides(overrides, env_names_in(overrides)), cfg=None, hydra_cfg=None,
+                     working_dir="",
                      task_name=str(launcher.config.hydra.job.name), status=JobStatus.FAILED, _return_value=error)

@@ -9,8 +9,13 @@ the same master config and overrides, and give the same config: Hydra copies the
 A kept config is taken once (the launcher changes the config it gets: the job's id and output dir); the launcher
 composes a fresh one for a job nobody checked, or for a second job with the same overrides. What a batch left is
 dropped when its launch ends.
+
+The kept configs never travel: the loader is part of Hydra's singleton state, which every job's payload carries, and
+a copy or a pickle of the wrapper holds none of them (or every payload would carry every job still waiting, and a
+sweep's planning would grow with the square of its size).
 """
 
+import copy
 from typing import Any, Dict, Sequence, Tuple
 
 _Key = Tuple[int, Tuple[str, ...]]
@@ -37,6 +42,15 @@ class ComposeOnce:
     def _key(master_config: Any, overrides: Sequence[str]) -> _Key:
         # the master config lives as long as the sweep, so its id names it while a batch is checked and launched
         return id(master_config), tuple(overrides)
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "ComposeOnce":
+        twin = ComposeOnce.__new__(ComposeOnce)
+        memo[id(self)] = twin
+        twin.compose, twin.kept = copy.deepcopy(self.compose, memo), {}
+        return twin
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"compose": self.compose, "kept": {}}
 
     def load_sweep_config(self, master_config: Any, sweep_overrides: Sequence[str]) -> Any:
         config = self.compose(master_config, list(sweep_overrides))

@@ -62,7 +62,7 @@ class Plotter:
         plotter = cls.current
         if plotter is None or plotter.process.poll() is not None or plotter.process.stdin is None \
                 or plotter.process.stdout is None:
-            return write_sweep_plot(sweep_dir)
+            return _drawn_here(sweep_dir)
         try:
             plotter.process.stdin.write(str(sweep_dir) + "\n")
             plotter.process.stdin.flush()
@@ -71,10 +71,21 @@ class Plotter:
             answer = ""
         if not answer:  # the plotter died: draw here
             cls.current = None
-            return write_sweep_plot(sweep_dir)
+            return _drawn_here(sweep_dir)
         if answer.startswith("error "):
             raise OSError(answer.split(" ", 1)[1].strip())
         return Path(answer.strip()) if answer.strip() else None
+
+
+def _drawn_here(sweep_dir: Path) -> Optional[Path]:
+    """``write_sweep_plot`` in this process: a plot that cannot be drawn is reported like one that cannot be
+    written (a line under the summary), never an exception that fails the launch."""
+    try:
+        return write_sweep_plot(sweep_dir)
+    except OSError:
+        raise
+    except Exception as exc:
+        raise OSError(f"the plot could not be drawn ({type(exc).__name__}: {exc})") from exc
 
 
 def _serve() -> None:
@@ -87,9 +98,9 @@ def _serve() -> None:
 
     for line in sys.stdin:
         try:
-            written = write_sweep_plot(Path(line.strip()))
+            written = _drawn_here(Path(line.strip()))
         except OSError as exc:
-            print(f"error {exc.strerror or exc}", flush=True)
+            print(f"error {' '.join(str(exc.strerror or exc).split())}", flush=True)
             continue
         print(written or "", flush=True)
 CURVES = ("train_loss", "val_loss")  # the columns plotted from metrics.csv; both recipe styles name them so
@@ -451,17 +462,20 @@ def write_sweep_plot(sweep_dir: Path) -> Optional[Path]:
     """Draw the sweep's figure into ``<sweep dir>/summary.png`` (replaced atomically: a reader sees the old
     plot or the new one) and return its path; None when there is nothing to plot. Unreadable inputs are
     skipped; only a failure to write the file raises (OSError): the caller reports it as for summary.csv."""
-    sweep_dir = Path(sweep_dir)
-    drawn = _draw(sweep_dir)
-    if drawn is None:
-        return None
-    fig, jobs, metric = drawn
+    import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    FigureCanvasAgg(fig)  # attaches itself to the figure: renders without pyplot or a global backend
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, metadata=plot_metadata(fig.get_suptitle(), jobs, metric))
-    fig.clear()  # a Figure not made by pyplot is registered nowhere: clearing it is all the closing it needs
+    sweep_dir = Path(sweep_dir)
+    # labels are literal text: a swept value such as '$x^^y$' is not mathtext
+    with matplotlib.rc_context({"text.parse_math": False}):
+        drawn = _draw(sweep_dir)
+        if drawn is None:
+            return None
+        fig, jobs, metric = drawn
+        FigureCanvasAgg(fig)  # attaches itself to the figure: renders without pyplot or a global backend
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=100, metadata=plot_metadata(fig.get_suptitle(), jobs, metric))
+        fig.clear()  # a Figure not made by pyplot is registered nowhere: clearing it is all the closing it needs
     target = SweepDir(sweep_dir).summary_png
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}")  # same dir: os.replace is atomic
     try:

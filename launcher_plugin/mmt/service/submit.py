@@ -51,9 +51,19 @@ def default_name() -> str:
     return time.strftime("mmt-%b-%d-%H_%M-") + os.urandom(2).hex()
 
 
+def literal(value: str) -> str:
+    """``value`` as OmegaConf text that resolves to itself: shell syntax (``${VAR}``, ``${VAR:-x}``) is not an
+    interpolation. OmegaConf reads ``\${`` as a literal ``${``, and n backslashes before it as n/2 (so 2n+1)."""
+    return re.sub(r"(\\*)\$\{", lambda m: "\\" * (2 * len(m.group(1)) + 1) + "${", value)
+
+
 def _quote(value: str) -> str:
-    """A value as one Hydra override token (quotes and backslashes escaped)."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    """A value as one Hydra override token that reaches the composed config byte for byte: a quoted value, where
+    Hydra escapes a quote and the backslashes right before a quote or the end, and nothing else."""
+    value = literal(value)
+    value = re.sub(r"(\\*)'", lambda m: "\\" * (2 * len(m.group(1)) + 1) + "'", value)
+    value = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, value)
+    return "'" + value + "'"
 
 
 def _overrides(spec: RunSpec, name: str) -> List[str]:
@@ -96,14 +106,16 @@ def _compose(spec: RunSpec, name: str) -> Tuple[Any, Any]:
     return context, master
 
 
-def _with_env(env: Dict[str, str]) -> Any:
-    """Set the job's env in its composed config: values as given (any character, no override grammar), kept
-    literal (OmegaConf would read ``${...}`` as an interpolation)."""
+def _literal_values(spec: RunSpec) -> Any:
+    """Set the job's command and env in its composed config as given (any character, no override grammar), kept
+    literal: OmegaConf would read ``${...}`` as an interpolation, and the launcher's ``command`` field reads the
+    app's through one more resolution (``oc.select``), so the command is set on the launcher itself."""
     from omegaconf import open_dict
 
     def amend(config: Any) -> None:
         with open_dict(config):
-            config.env = {key: str(value).replace("${", "\\${") for key, value in env.items()}
+            config.env = {key: literal(str(value)) for key, value in spec.env.items()}
+            config.hydra.launcher.command = literal(spec.command)
 
     return amend
 
@@ -128,7 +140,7 @@ def run(spec: RunSpec, console: Optional[Console] = None) -> Union[engine.Launch
     try:
         job = prepare.prepare_job(hydra_context=context, master=master, task_function=no_task, backend=backend,
                                      overrides=list(master.hydra.overrides.task), num=0, name=name,
-                                     amend=_with_env(spec.env))
+                                     amend=_literal_values(spec))
         plan = job.prepared.plan
         if plan.dry_run:
             return dryrun.render(plan, backend.describe(plan))
