@@ -1,6 +1,5 @@
-"""The engine against a scriptable fake backend: submission, watching, concluding, the registry and the records,
-with no process started. The fake backend is defined here only, and plugs in through mmt.backends.registry, as a
-third backend would."""
+"""The engine against a scriptable fake backend (tests/helpers/fake_backend.py): submission, watching, concluding,
+the registry and the records, with no process started."""
 
 import time
 from dataclasses import dataclass, field
@@ -27,116 +26,6 @@ from mmt.records.registry import JobRecord, Registry
 from mmt.service import status
 
 
-@dataclass
-class Script:
-    """What the fake backend does with one job: polls before it ends, how it ends, what rank 0 returns."""
-
-    polls: int = 2
-    state: JobState = JobState.COMPLETED
-    value: Any = None
-    failing_rank: int = 1
-    refuse_submit: bool = False
-
-
-@dataclass
-class FakeJob(JobHandle):
-    submission: Submission
-    script: Script
-    polls: int = 0
-    cancelled: Optional[str] = None
-    outcome: Optional[JobOutcome] = None
-
-
-@dataclass
-class FakeSettings:
-    scripts: Dict[int, Script] = field(default_factory=dict)
-    survives_launcher: bool = False
-
-
-class FakeBackend(Backend[FakeJob], Watcher[FakeJob]):
-    """Ends each job as its script says; writes what a job's primary rank would (its JobReturn)."""
-
-    name = "fake"
-    stopped: List[str] = []
-
-    def __init__(self, settings: FakeSettings) -> None:
-        self.settings = settings
-        self.submitted: List[FakeJob] = []
-
-    @classmethod
-    def from_config(cls, launcher_cfg: Any) -> "FakeBackend":
-        return cls(FakeSettings())
-
-    @classmethod
-    def watcher(cls, poll_interval_s: float = 1.0) -> "FakeBackend":
-        return cls(FakeSettings())
-
-    @classmethod
-    def refresh(cls, record: JobRecord, registry: Registry) -> JobRecord:
-        registry.update(record.name, state=JobState.RUNNING.value)
-        record.state = JobState.RUNNING.value
-        return record
-
-    @classmethod
-    def stop(cls, record: JobRecord) -> str:
-        cls.stopped.append(record.name)
-        return f"{record.name}: stopped by the fake backend"
-
-    @property
-    def limits(self) -> Limits:
-        return Limits(max_nodes=8, max_devices=8, max_world=64, why="the fake backend's bound")
-
-    def problems(self, plan: JobPlan) -> List[ConfigError]:
-        return []
-
-    def describe(self, plan: JobPlan) -> List[str]:
-        return ["  backend    fake"]
-
-    def attach(self, record: JobRecord) -> FakeJob:
-        raise AssertionError("not used here")
-
-    def submit(self, submission: Submission) -> FakeJob:
-        script = self.settings.scripts.get(submission.plan.num, Script())
-        if script.refuse_submit:
-            raise RuntimeError(f"the fake scheduler refused job {submission.plan.num}")
-        job = FakeJob(submission=submission, script=script)
-        self.submitted.append(job)
-        return job
-
-    def poll(self, handle: FakeJob) -> JobSnapshot:
-        if handle.outcome is None:
-            handle.polls += 1
-            if handle.cancelled is not None:
-                handle.outcome = JobOutcome(JobState.INTERRUPTED, 0.1, detail=handle.cancelled)
-            elif handle.polls > handle.script.polls:
-                handle.outcome = self._end(handle)
-        state = handle.outcome.status if handle.outcome else JobState.RUNNING
-        return JobSnapshot(state=state, scheduler_id=f"fake-{handle.plan.num}", outcome=handle.outcome)
-
-    def _end(self, handle: FakeJob) -> JobOutcome:
-        script = handle.script
-        if script.state == JobState.COMPLETED:
-            ret = JobReturn(overrides=list(handle.plan.overrides), _return_value=script.value,
-                            status=JobStatus.COMPLETED)
-            handle.attempt.primary_return.write_bytes(cloudpickle.dumps(ret))
-            return JobOutcome(JobState.COMPLETED, 1.5)
-        failure = None
-        if script.state == JobState.FAILED:
-            failure = RankFailure(rank=script.failing_rank, node_rank=0, exit_code=3, signal=None,
-                                  exception="ValueError: boom", traceback=None, log="/dev/null", whole_node=False)
-        return JobOutcome(script.state, 1.5, failure=failure, detail="the fake time limit")
-
-    def cancel(self, handle: FakeJob, reason: str) -> None:
-        handle.cancelled = reason
-
-    def wait(self, timeout_s: float) -> None:
-        time.sleep(0.001)
-
-    @property
-    def survives_launcher(self) -> bool:  # type: ignore[override]
-        return self.settings.survives_launcher
-
-
 @pytest.fixture
 def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Registry:
     monkeypatch.setenv("MMT_HOME", str(tmp_path / "home"))
@@ -145,21 +34,13 @@ def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Registry:
 
 @pytest.fixture
 def fake_registered() -> Any:
-    backends.register("fake", f"{__name__}:FakeBackend")
+    backends.register("fake", "helpers.fake_backend:FakeBackend")
     yield
     backends.BACKENDS.pop("fake", None)
 
 
-def _launcher_cfg(**app: Any) -> Any:
-    """``hydra.launcher`` as a Hydra app composes it: its per-job fields read the app's top-level keys."""
-    root = OmegaConf.create({"num_nodes": 1, "devices": 2, **app})
-    root.hydra = {"launcher": OmegaConf.structured(LocalLauncherConf)}
-    root.hydra.launcher.summary_metric = "loss"
-    return root.hydra.launcher
-
-
 def _plan(sweep: Path, num: int) -> JobPlan:
-    return plan_job(_launcher_cfg(), num=num, name=f"fake-job-{num}-{sweep.name}", job_id=f"fake-{num}", overrides=[f"x={num}"],
+    return plan_job(launcher_cfg(), num=num, name=f"fake-job-{num}-{sweep.name}", job_id=f"fake-{num}", overrides=[f"x={num}"],
                     job_dir=str(sweep / str(num)), limits=Limits(8, 8, 64, "test"), launcher_env={})
 
 
@@ -239,7 +120,7 @@ def test_records_stay_where_jobs_outlive_the_launcher(tmp_path: Path, registry: 
 def test_a_backend_defined_outside_mmt_plugs_in_through_the_registry(
         tmp_path: Path, registry: Registry, fake_registered: Any) -> None:
     assert "fake" in backends.names() and backends.backend_class("fake") is FakeBackend
-    cfg = _launcher_cfg()
+    cfg = launcher_cfg()
     cfg.backend = "fake"
     backend = prepare.make_backend(cfg)
     assert isinstance(backend, FakeBackend)
@@ -253,7 +134,7 @@ def test_a_backend_defined_outside_mmt_plugs_in_through_the_registry(
 
 
 def test_an_unknown_backend_name_is_one_line(tmp_path: Path) -> None:
-    cfg = _launcher_cfg()
+    cfg = launcher_cfg()
     cfg.backend = "kubernetes"
     with pytest.raises(ConfigError) as error:
         prepare.make_backend(cfg)

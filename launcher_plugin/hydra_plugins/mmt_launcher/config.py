@@ -19,11 +19,13 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from mmt.core.launch_id import LAUNCH_ID
+from mmt.core import launch_id
 from mmt.core.states import ConsoleMode, StartMethod
 
-# the default sweep dir is ``${mmt_launch_id:}``: unique per launcher process (see mmt.core.launch_id)
-OmegaConf.register_new_resolver("mmt_launch_id", lambda: LAUNCH_ID, replace=True)
+# the default sweep dir is ``${mmt_launch_id:}``: unique per run of the app (Hydra executes this module again at
+# every plugin scan, so each run gets a new id; see mmt.core.launch_id)
+launch_id.renew()
+OmegaConf.register_new_resolver("mmt_launch_id", lambda: launch_id.current().launch, replace=True)
 
 
 class SlurmTasks(enum.Enum):
@@ -91,6 +93,10 @@ class JobConf:
     detach: bool = False
     # serve the live page (mmt dashboard) for the sweep while the launch runs, and print its URL
     dashboard: bool = False
+    # the framework whose own variables mmt writes for every process: none; tensorflow (each worker's TF_CONFIG,
+    # its port held for it, TF's thread counts); jax (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).
+    # A recipe or app may set it (docs/frameworks.md)
+    framework: str = "none"
 
 
 @dataclass

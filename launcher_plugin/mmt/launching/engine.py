@@ -31,10 +31,10 @@ from mmt.records.outcome import JobOutcome
 
 from mmt.core.states import JobState
 from mmt.core.states import ConsoleMode
-from mmt.core.jobdir import Attempt, JobDir, SweepDir, new_attempt_id, read_json
+from mmt.core.jobdir import Attempt, JobDir, SweepDir, new_attempt_id
 from mmt.launching.console import Console, LogFollower, tail
-from mmt.records.outcome import (missing_result, outcome_of_record, read_primary_return, result_record,
-                                   return_value_of, write_result)
+from mmt.records.outcome import (missing_result, outcome_of_record, read_primary_return, read_result,
+                                   result_record, return_value_of, write_result)
 from mmt.records.ownership import Claim, claim
 from mmt.records.payload import JobPayload, discard_payload, write_payload
 from mmt.launching.report import SummaryRow, append_summary_csv, first_line, format_summary, metric_of
@@ -43,6 +43,7 @@ from mmt.monitor.progress import ProgressView
 from mmt.planning.plan import JobPlan
 from mmt.planning.redact import env_names_in, masked_overrides
 from mmt.records.registry import JobRecord, Registry
+from mmt.records.schema import OwnerRecord, ResultRecord, UnknownSchemaError
 
 _TICK_S = 0.05
 
@@ -75,9 +76,12 @@ class JobReport:
     plan: JobPlan
     outcome: JobOutcome
     attempt: Attempt
+    # its result.json
+    record: ResultRecord
     # the primary process's JobReturn (Hydra's), when it reported one
     primary: Any = None
-    record: Dict[str, Any] = field(default_factory=dict)
+    # why result.json could not be written, when it could not
+    write_error: Optional[str] = None
 
 
 @dataclass
@@ -139,9 +143,9 @@ def _claim_all(plans: Sequence[JobPlan], backend: Backend[Any], attempts: Dict[i
     claims: Dict[int, Claim] = {}
     try:
         for plan in plans:
-            claims[plan.num] = claim(JobDir(Path(plan.job_dir)), {
-                "attempt": attempts[plan.num].id, "name": plan.name, "backend": backend.name,
-                "job_id": plan.job_id}, backend.owner_active)
+            owner = OwnerRecord.of_this_process(attempt=attempts[plan.num].id, name=plan.name, backend=backend.name,
+                                                job_id=plan.job_id)
+            claims[plan.num] = claim(JobDir(Path(plan.job_dir)), owner, backend.owner_active)
     except BaseException:
         for held in claims.values():
             held.release(forget=False)
@@ -215,7 +219,7 @@ def _give_up(plans: Sequence[JobPlan], attempts: Dict[int, Attempt], claims: Dic
         shutil.rmtree(attempts[plan.num].dir, ignore_errors=True)
         claims[plan.num].release(forget=not backend.survives_launcher)
         if registry is not None:
-            registry.delete(plan.name)
+            registry.delete(plan.name, attempt=attempts[plan.num].id)  # only what this launch inserted
 
 
 # ------------------------------------------------------------------------------------------------ entry points
@@ -393,31 +397,40 @@ def _conclude(item: _Watched, outcome: JobOutcome, console: Console, registry: O
     for follower in item.followers:
         follower.finish()
     primary = read_primary_return(attempt)
-    existing = read_json(JobDir(Path(plan.job_dir)).result)
-    if item.claim is None and existing is not None and existing.get("attempt") == attempt.id:
+    existing = _existing_result(plan) if item.claim is None else None
+    write_error = None
+    if existing is not None and existing.concludes(attempt.id):
         # re-attached to a job that concluded itself: its result is the truth
         record, outcome = existing, outcome_of_record(existing)
     else:
         if outcome.status == JobState.COMPLETED and primary is None:
             outcome.status, outcome.failure = JobState.FAILED, missing_result(plan)
-        record = result_record(plan, outcome, return_value_of(primary), attempt.id,
-                               timing={"started_at": item.started_at, "ended_at": time.time()})
+        record = result_record(plan, outcome, return_value_of(primary), attempt.id, started_at=item.started_at,
+                               ended_at=time.time())
         try:
             write_result(plan, record)
         except OSError as exc:
-            record = {**record, "_write_error": f"{JobDir(Path(plan.job_dir)).result}: {exc.strerror or exc}"}
-    report = JobReport(plan=plan, outcome=outcome, attempt=attempt, primary=primary, record=record)
+            write_error = f"{JobDir(Path(plan.job_dir)).result}: {exc.strerror or exc}"
+    report = JobReport(plan=plan, outcome=outcome, attempt=attempt, primary=primary, record=record,
+                       write_error=write_error)
     if outcome.failure is not None and outcome.failure.rank != 0 and not outcome.failure.missing_result:
         _show_tail(plan, outcome, console)
     if item.claim is not None:
         _discard(item)
     if registry is not None:
         try:
-            registry.update(plan.name, state=outcome.status.value, ended_at=time.time(),
-                            result={k: v for k, v in record.items() if not k.startswith("_")})
+            registry.update(plan.name, state=outcome.status.value, ended_at=time.time(), result=record.to_dict())
         except Exception as exc:  # the job dir has the result; the registry reconciles from it later
             console.write(f"mmt: could not update the job registry: {exc}\n")
     return report
+
+
+def _existing_result(plan: JobPlan) -> Optional[ResultRecord]:
+    """The job dir's result.json, when this mmt can read it (one a newer mmt wrote concludes another attempt)."""
+    try:
+        return read_result(Path(plan.job_dir))
+    except UnknownSchemaError:
+        return None
 
 
 def _show_tail(plan: JobPlan, outcome: JobOutcome, console: Console) -> None:
@@ -454,10 +467,9 @@ def summarise(sweep_dir: Path, report: LaunchReport, console: Console, write_csv
     rows, metric_name = [], "metric"
     for job in report.jobs:
         plan, outcome = job.plan, job.outcome
-        value = job.record.get("return_value")
-        metric = metric_of(value, plan.summary_metric)
+        metric = metric_of(job.record.return_value, plan.summary_metric)
         metric_name = metric["name"] if metric["value"] != "-" else metric_name
-        note = "" if outcome.status == JobState.COMPLETED else first_line(job.record.get("error") or "")
+        note = "" if outcome.status == JobState.COMPLETED else first_line(job.record.error or "")
         note = note.removeprefix(f"{plan.label}: ")
         rows.append(SummaryRow(job=plan.num, name=plan.name,
                                overrides=" ".join(masked_overrides(plan.overrides, plan.secret_names)),
@@ -471,7 +483,7 @@ def summarise(sweep_dir: Path, report: LaunchReport, console: Console, write_csv
     rows.sort(key=lambda row: row.job)
     if rows:
         console.write("\n" + format_summary(f"mmt summary ({sweep_dir})", rows, metric_name) + "\n\n")
-    unwritten = [job.record["_write_error"] for job in report.jobs if "_write_error" in job.record]
+    unwritten = [job.write_error for job in report.jobs if job.write_error is not None]
     if rows and write_csv:
         try:
             append_summary_csv(SweepDir(sweep_dir).summary_csv, rows, metric_name)

@@ -22,7 +22,7 @@ from mmt.backends.base import Backend
 from mmt.backends.registry import UnknownBackendError, backend_class
 from mmt.backends.registry import names as backend_names
 from mmt.core.errors import ConfigError
-from mmt.core.launch_id import JOB_NAME_ID, LAUNCH_ID
+from mmt.core import launch_id
 from mmt.launching import engine, supervisor
 from mmt.launching.compose_once import ComposeOnce, compose_job
 from mmt.launching.console import Console
@@ -102,7 +102,7 @@ def _job_name(launcher_cfg: DictConfig, config: DictConfig, num: int) -> str:
     if given is not None:
         return f"{check_name('hydra.launcher.name', given)}-{num}"
     app = re.sub(r"[^A-Za-z0-9_.-]", "_", str(config.hydra.job.name))[:40] or "job"
-    return f"{app}-{JOB_NAME_ID}-{num}"
+    return f"{app}-{launch_id.current().job_names}-{num}"
 
 
 def _freeze_output_dir(config: DictConfig) -> str:
@@ -130,7 +130,7 @@ def prepare_job(*, hydra_context: Any, master: DictConfig, task_function: Any, b
                           "than the sweep's; a sweep runs on one backend", "run one sweep per cluster, not cluster=a,b")
     launcher_cfg = config.hydra.launcher
     name = name or _job_name(launcher_cfg, config, num)
-    job_id = f"{JOB_NAME_ID}-{num}"
+    job_id = f"{launch_id.current().job_names}-{num}"
     with open_dict(config):
         config.hydra.job.id = job_id
         config.hydra.job.num = num
@@ -176,4 +176,4 @@ def detached_submit(jobs: List[engine.PreparedJob], backend: Backend[Any], optio
                           "which cannot be opened here", "fix MMT_HOME (or ~/.mmt), or run attached")
     if backend.survives_launcher:
         return engine.submit(jobs, backend, options)
-    return supervisor.start(jobs, backend, options, LAUNCH_ID)
+    return supervisor.start(jobs, backend, options, launch_id.current().launch)

@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from mmt.core.states import FINAL_STATES
 from mmt.core.errors import UsageError
+from mmt.records.schema import RecordError, ResultRecord
 
 HOME_VAR = "MMT_HOME"
 _FINAL_STATES = sorted(state.value for state in FINAL_STATES)
@@ -84,8 +85,18 @@ class JobRecord:
     created_at: float = 0.0
     started_at: Optional[float] = None
     ended_at: Optional[float] = None
-    # result.json's content once the job ended (masked like the file)
+    # result.json's content once the job ended (masked like the file): ResultRecord.to_dict(), see result_record()
     result: Optional[Dict[str, Any]] = None
+
+    def result_record(self) -> Optional[ResultRecord]:
+        """The job's result, typed, once it ended; None before, or when the registry holds no readable one
+        (UnknownSchemaError when a newer mmt recorded it)."""
+        if self.result is None:
+            return None
+        try:
+            return ResultRecord.from_dict(self.result, where=f"of job {self.name} in the registry")
+        except RecordError:
+            return None
 
     def to_row(self) -> Dict[str, Any]:
         row = asdict(self)
@@ -206,6 +217,11 @@ class Registry:
                                   "ORDER BY created_at DESC", (since,)).fetchall()
         return [JobRecord.from_row(row) for row in rows]
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, attempt: Optional[str] = None) -> None:
+        """Forget the job ``name``; with ``attempt``, only the row that attempt inserted (a launch giving up must
+        never delete another launch's job that won the name)."""
         with self._connect() as db:
-            db.execute("DELETE FROM jobs WHERE name = ?", (name,))
+            if attempt is None:
+                db.execute("DELETE FROM jobs WHERE name = ?", (name,))
+            else:
+                db.execute("DELETE FROM jobs WHERE name = ? AND attempt = ?", (name, attempt))

@@ -1,0 +1,1 @@
+"""Conformance tier: Hydra's own launcher and sweeper test suites, run against mmt's backends."""

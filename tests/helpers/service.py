@@ -1,0 +1,62 @@
+"""The job registry read from outside, and a launcher that kills itself mid-submit (local and SLURM backends)."""
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from contextlib import closing
+from pathlib import Path
+from typing import Dict, List
+
+from helpers.app import app_env
+from helpers.paths import REPO
+
+
+def registered(prefix: str) -> Dict[str, dict]:
+    """The registry's jobs whose name starts with ``prefix``, read straight from SQLite: name -> record fields."""
+    from mmt.records.registry import Registry
+
+    with closing(sqlite3.connect(Registry().path, timeout=30)) as db:
+        db.row_factory = sqlite3.Row
+        try:
+            rows = db.execute("SELECT * FROM jobs WHERE name LIKE ?", (prefix + "%",)).fetchall()
+        except sqlite3.OperationalError:  # no table yet: a new registry
+            return {}
+    return {row["name"]: {**dict(row), "result": json.loads(row["result"] or "null")} for row in rows}
+
+
+# A launcher SIGKILLed mid-submit (as the OOM killer might). Watching the registry from outside and killing on the
+# first record comes too late on a busy host: locally four jobs are submitted within milliseconds of being
+# registered. The launcher kills its own process group instead, the moment it is about to hand job ``nth`` to its
+# backend: jobs 0..nth-1 submitted, the rest registered and never submitted.
+KILLED_AT_SUBMIT = """
+import os, runpy, signal, sys
+from {module} import {backend} as Backend
+
+submit, calls = Backend.submit, []
+
+def submit_until_killed(self, submission):
+    calls.append(submission.plan.num)
+    if len(calls) == {nth} + 1:
+        os.killpg(0, signal.SIGKILL)
+    return submit(self, submission)
+
+Backend.submit = submit_until_killed
+sys.argv = sys.argv[1:]
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as if the app were run itself: its dir first
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def killed_at_submit(command: List[str], nth: int, tag: str, backend: str = "mmt.backends.local.backend:LocalBackend"
+                     ) -> None:
+    """Run the app ``command`` (``python train.py -m ...``) until it kills itself about to submit job ``nth``."""
+    module, name = backend.split(":")
+    with tempfile.TemporaryDirectory() as scratch:
+        wrapper = Path(scratch) / "killed_at_submit.py"
+        wrapper.write_text(KILLED_AT_SUBMIT.format(module=module, backend=name, nth=nth))
+        launcher = subprocess.run([sys.executable, str(wrapper), *command[1:]], cwd=REPO, env=app_env(tag),
+                                  capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert launcher.returncode == -signal.SIGKILL, launcher.stderr[-3000:]
