@@ -43,3 +43,47 @@ def test_a_plot_that_cannot_be_drawn_is_reported_not_raised(tmp_path: Path, monk
         assert "could not be drawn" in str(exc) and "ValueError: a drawing bug" in str(exc)
     else:
         raise AssertionError("expected an OSError")
+
+
+def test_a_launch_that_loses_a_name_race_deletes_only_its_own_rows(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Item 1: between a launch's name check and its insert, another launch registers the same name; the loser's
+    give-up deleted the winner's record by name, and the winner ran where no `mmt list` could reach it."""
+    import pytest
+
+    from helpers.fake_backend import FakeBackend, FakeSettings, launcher_cfg
+    from mmt.core.errors import UsageError
+    from mmt.launching import engine
+    from mmt.launching.console import Console
+    from mmt.planning.plan import Limits, plan_job
+    from mmt.records.payload import JobPayload
+    from mmt.records.registry import Registry
+
+    monkeypatch.setenv("MMT_HOME", str(tmp_path / "home"))
+
+    def job(sweep: Path) -> engine.PreparedJob:
+        plan = plan_job(launcher_cfg(), num=0, name="same", job_id=f"id-{sweep.name}", overrides=[],
+                        job_dir=str(sweep / "0"), limits=Limits(8, 8, 64, "test"), launcher_env={})
+        return engine.PreparedJob(JobPayload(plan=plan, callbacks=None, task_function=None, config=None,
+                                             singleton_state=None))
+
+    winner_registry = Registry()
+    console = Console()
+    try:
+        engine.launch([job(tmp_path / "winner")], FakeBackend(FakeSettings()),
+                      engine.LaunchOptions(sweep_dir=tmp_path / "winner", registry=winner_registry), console)
+        winner = winner_registry.require("same")
+
+        class CheckedBeforeTheWinner(Registry):  # the loser's name check ran before the winner's insert
+            def names_taken(self, names):  # type: ignore[no-untyped-def]
+                return []
+
+        loser_backend = FakeBackend(FakeSettings())
+        with pytest.raises(UsageError, match="exists already"):
+            engine.launch([job(tmp_path / "loser")], loser_backend,
+                          engine.LaunchOptions(sweep_dir=tmp_path / "loser", registry=CheckedBeforeTheWinner()),
+                          console)
+    finally:
+        console.close()
+    assert loser_backend.submitted == []
+    kept = Registry().get("same")
+    assert kept is not None and kept.attempt == winner.attempt and kept.job_dir == winner.job_dir
