@@ -94,7 +94,7 @@ def _rng_state() -> dict:
     # plain lists and tensors only: Lightning loads checkpoints with torch.load(weights_only=True)
     kind, keys, position, has_gauss, cached = numpy.random.get_state()
     return {"torch": torch.get_rng_state(), "python": random.getstate(),
-            "numpy": [kind, keys.tolist(), position, has_gauss, cached]}
+            "numpy": [kind, numpy.asarray(keys).tolist(), position, has_gauss, cached]}
 
 
 def _set_rng_state(state: dict) -> None:

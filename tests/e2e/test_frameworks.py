@@ -183,19 +183,23 @@ def test_litdata_ranks_stream_disjoint_shards_of_every_item_on_slurm(litdata, op
 # ------------------------------------------------------------------------------------------------ node addresses
 
 # every rank writes what it got and what the addresses resolve to, where it runs
-PROBE = (
-    "import json, os, socket; addrs = os.environ['MMT_NODE_ADDRS'].split(','); "
-    "out = dict(rank=int(os.environ['RANK']), node=int(os.environ['NODE_RANK']), addrs=addrs, "
-    "own=os.environ['MMT_NODE_ADDR'], host=socket.gethostname(), master=os.environ['MASTER_ADDR'], "
-    "resolved=[socket.gethostbyname(a) for a in addrs], tf=json.loads(os.environ['TF_CONFIG']), "
-    "global_rank=os.environ['GLOBAL_RANK'], nnodes=os.environ['NNODES'], "
-    "threads=[os.environ.get(k) for k in ('OMP_NUM_THREADS', 'TF_NUM_INTRAOP_THREADS', 'TF_NUM_INTEROP_THREADS')]); "
-    "open(os.path.join(os.environ['MMT_JOB_DIR'], 'addr.%d.json' % out['rank']), 'w').write(json.dumps(out))"
-)
+PROBE = """\
+import json, os, socket
+addrs = os.environ["MMT_NODE_ADDRS"].split(",")
+out = dict(rank=int(os.environ["RANK"]), node=int(os.environ["NODE_RANK"]), addrs=addrs,
+           own=os.environ["MMT_NODE_ADDR"], host=socket.gethostname(), master=os.environ["MASTER_ADDR"],
+           resolved=[socket.gethostbyname(a) for a in addrs], tf=json.loads(os.environ["TF_CONFIG"]),
+           global_rank=os.environ["GLOBAL_RANK"], nnodes=os.environ["NNODES"],
+           threads=[os.environ.get(k) for k in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")])
+with open(os.path.join(os.environ["MMT_JOB_DIR"], "addr.%d.json" % out["rank"]), "w") as handle:
+    json.dump(out, handle)
+"""
 
 
 def _addresses(sweep: Path, tag: str, *where: str) -> List[dict]:
-    done = run_app(f'command="{PY} -c \\"{PROBE}\\""', "command_mode=per_rank", "num_nodes=2", "devices=2",
+    probe = sweep.parent / "probe.py"
+    probe.write_text(PROBE)
+    done = run_app(_command(probe), "command_mode=per_rank", "num_nodes=2", "devices=2",
                    "hydra.launcher.framework=tensorflow", *where, sweep_dir=sweep, tag=tag, timeout=240)
     job = _one_job(sweep, done)
     seen = [json.loads((job / f"addr.{rank}.json").read_text()) for rank in range(4)]

@@ -179,7 +179,7 @@ def test_a_sweeper_that_needs_values_cannot_detach(tmp_path):
 FORKED_LAUNCHERS = """
 import json, multiprocessing, os, sqlite3, sys, time
 from pathlib import Path
-import hydra, mmt.launching.hydra_jobs, mmt.service.submit  # what `mmt run` imports, once, before the fork
+import hydra, mmt.launching.prepare, hydra_plugins.mmt_launcher._core, mmt.service.submit  # what `mmt run` imports, once, before the fork
 from mmt.cli.main import main
 from mmt.records.registry import Registry
 

@@ -1,20 +1,14 @@
 """The engine against a scriptable fake backend (tests/helpers/fake_backend.py): submission, watching, concluding,
 the registry and the records, with no process started."""
 
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
-import cloudpickle
 import pytest
-from hydra.core.utils import JobReturn, JobStatus
-from omegaconf import OmegaConf
 
-from hydra_plugins.mmt_launcher.config import LocalLauncherConf
+from helpers.fake_backend import FakeBackend, FakeSettings, Script, launcher_cfg
 from mmt.backends import registry as backends
-from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission, Watcher
-from mmt.core.errors import ConfigError, RankFailure, UsageError
+from mmt.core.errors import ConfigError, UsageError
 from mmt.core.jobdir import JobDir, SweepDir, read_json
 from mmt.core.states import JobState
 from mmt.launching import engine, prepare
@@ -22,7 +16,7 @@ from mmt.launching.console import Console
 from mmt.planning.plan import JobPlan, Limits, plan_job
 from mmt.records.outcome import JobOutcome
 from mmt.records.payload import JobPayload
-from mmt.records.registry import JobRecord, Registry
+from mmt.records.registry import Registry
 from mmt.service import status
 
 

@@ -26,7 +26,8 @@ FAILURE = RankFailure(rank=3, node_rank=1, exit_code=None, signal=None, exceptio
 
 # what mmt wrote before records had versions (the keys, in their order; values as a real run left them)
 OLD_RESULT = {
-    "job": 0, "name": "probe-0", "attempt": "20260101T000000-abcdef", "overrides": ["recipe.x=1", "hydra.launcher.env.TOKEN=***"],
+    "job": 0, "name": "probe-0", "attempt": "20260101T000000-abcdef",
+    "overrides": ["recipe.x=1", "hydra.launcher.env.TOKEN=***"],
     "status": "FAILED", "num_nodes": 2, "devices": 2, "world_size": 4, "machine": "cpu_x_2",
     "summary_metric": None, "duration_s": 3.5, "stop_latency_s": 0.25, "scheduler_id": None,
     "started_at": 1767225600.0, "ended_at": 1767225603.5, "return_value": None,
@@ -46,8 +47,9 @@ OLD_EXIT = {"code": -15, "stopped": True, "time": 1767225602.5}
 
 
 def _plan(tmp_path: Path, **overrides) -> JobPlan:
-    values = dict(num=0, name="probe-0", job_id="0101-000000-abcd-0", overrides=("recipe.x=1", "hydra.launcher.env.TOKEN=abc"),
-                  job_dir=str(tmp_path / "0"), num_nodes=2, devices=2,
+    values = dict(num=0, name="probe-0", job_id="0101-000000-abcd-0",
+                  overrides=("recipe.x=1", "hydra.launcher.env.TOKEN=abc"), job_dir=str(tmp_path / "0"),
+                  num_nodes=2, devices=2,
                   machine=Machine(name="cpu_x_2", accelerator="cpu", gpus=0, cpus=2, memory_gb=8, price_per_hour=0.0),
                   image=None, command=None, command_mode="per_node", env={"TOKEN": "abc"}, timeout_s=60.0)
     values.update(overrides)

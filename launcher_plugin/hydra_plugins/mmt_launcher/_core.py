@@ -45,7 +45,8 @@ def _secret_names(config: DictConfig, job_overrides: Sequence[Sequence[str]]) ->
     # as written: an override's value may hold an interpolation (trainer.num_nodes=${num_nodes}) of a job's key
     task = OmegaConf.select(config, "hydra.overrides.task", default=None)
     given = OmegaConf.to_container(task, resolve=False) if task is not None else []
-    return env_names_in([*map(str, given), *(o for job in job_overrides for o in job)], names)
+    written = [str(item) for item in given] if isinstance(given, list) else []
+    return env_names_in([*written, *(o for job in job_overrides for o in job)], [str(name) for name in names])
 
 
 def _protect_multirun_yaml(sweep_dir: Path, names: Sequence[str]) -> None:
@@ -61,7 +62,7 @@ def _failed_return(job: prepare.HydraJob, error: Exception, primary: Optional[Jo
     config, plan = job.config, job.prepared.plan
     ret = primary or JobReturn(
         overrides=list(plan.overrides),
-        cfg=OmegaConf.masked_copy(config, [k for k in config.keys() if k != "hydra"]),
+        cfg=OmegaConf.masked_copy(config, [str(k) for k in config.keys() if k != "hydra"]),
         hydra_cfg=OmegaConf.masked_copy(config, "hydra"),
         working_dir=plan.job_dir,
         task_name=str(config.hydra.job.name),
@@ -104,6 +105,7 @@ def _dry_run(jobs: List[prepare.HydraJob], backend: Backend[Any]) -> List[JobRet
 
 def launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
            initial_job_idx: int) -> Sequence[JobReturn]:
+    assert launcher.hydra_context is not None  # set by the launcher's setup()
     try:
         return _launch(launcher, job_overrides, initial_job_idx)
     finally:
@@ -113,21 +115,21 @@ def launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
 def _launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
             initial_job_idx: int) -> Sequence[JobReturn]:
     setup_globals()
-    config = launcher.config
+    config, context, backend = launcher.config, launcher.hydra_context, launcher.backend
+    assert config is not None and context is not None and backend is not None  # set by the launcher's setup()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
-    backend: Backend = launcher.backend
     sweep_dir = Path(str(config.hydra.sweep.dir))
     up_front = OmegaConf.select(config, "hydra.sweeper._target_") == BASIC_SWEEPER
     # Hydra wrote the sweep's record (multirun.yaml) before calling us: the env values in it go, whatever follows
     _protect_multirun_yaml(sweep_dir, _secret_names(config, job_overrides))
     prepare.warm_up(backend, config)  # again, should the agent have gone since the last batch
     jobs: Dict[int, prepare.HydraJob] = {}
-    refused: Dict[int, Exception] = {}
+    refused: Dict[int, InvalidJobError] = {}
     for i, overrides in enumerate(job_overrides):
         num = initial_job_idx + i
         try:
-            job = prepare.prepare_job(hydra_context=launcher.hydra_context, master=config, task_function=launcher.task_function,
-                              backend=backend, overrides=overrides, num=num)
+            job = prepare.prepare_job(hydra_context=context, master=config, task_function=launcher.task_function,
+                                      backend=backend, overrides=overrides, num=num)
             if not job.prepared.plan.dry_run:
                 engine.refuse_unrunnable(backend, [job.prepared.plan])
             jobs[num] = job
@@ -140,7 +142,7 @@ def _launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
     mode = ConsoleMode(check.choice("hydra.launcher.console", config.hydra.launcher.console, values(ConsoleMode)))
     options = engine.LaunchOptions(sweep_dir=sweep_dir, console=mode, registry=prepare.open_registry())
     if bool(OmegaConf.select(config, "hydra.launcher.detach")):
-        return _detach(launcher, list(jobs.values()), backend, options, up_front, refused, job_overrides,
+        return _detach(config, list(jobs.values()), backend, options, up_front, refused, job_overrides,
                        initial_job_idx)
     prepare.start_plotter(sweep_dir, [job.prepared.plan.job_dir for job in jobs.values()])
     console = Console()
@@ -164,7 +166,7 @@ def _launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
     for i, overrides in enumerate(job_overrides):
         num = initial_job_idx + i
         if num in refused:
-            returns.append(_refused_return(launcher, overrides, refused[num]))
+            returns.append(_refused_return(config, overrides, refused[num]))
             continue
         job = jobs[num]
         # the basic sweeper takes the value as it is; one that optimises gets a number (optimized_metric, or else
@@ -182,11 +184,11 @@ def _launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
     return returns
 
 
-def _detach(launcher: "MMTLauncher", jobs: List[prepare.HydraJob], backend: Backend[Any], options: engine.LaunchOptions,
-            up_front: bool, refused: Dict[int, Exception], job_overrides: Sequence[Sequence[str]],
+def _detach(config: DictConfig, jobs: List[prepare.HydraJob], backend: Backend[Any], options: engine.LaunchOptions,
+            up_front: bool, refused: Dict[int, InvalidJobError], job_overrides: Sequence[Sequence[str]],
             initial_job_idx: int) -> List[JobReturn]:
     if not up_front:
-        sweeper = OmegaConf.select(launcher.config, "hydra.sweeper._target_")
+        sweeper = OmegaConf.select(config, "hydra.sweeper._target_")
         raise ConfigError("hydra.launcher.detach", True, f"the sweeper {sweeper} decides its next trials from the "
                           "jobs' return values, and a detached launch returns before any job has one",
                           "run it attached (detach=false); the basic sweeper's grid can be detached")
@@ -203,7 +205,7 @@ def _detach(launcher: "MMTLauncher", jobs: List[prepare.HydraJob], backend: Back
     for i, overrides in enumerate(job_overrides):
         num = initial_job_idx + i
         if num in refused:
-            returns.append(_refused_return(launcher, overrides, refused[num]))
+            returns.append(_refused_return(config, overrides, refused[num]))
             continue
         job, item = jobs_by_num[num], by_num[num]
         returns.append(JobReturn(overrides=list(item.plan.overrides), cfg=job.config, hydra_cfg=None,
@@ -212,7 +214,7 @@ def _detach(launcher: "MMTLauncher", jobs: List[prepare.HydraJob], backend: Back
     return returns
 
 
-def _refused_return(launcher: "MMTLauncher", overrides: Sequence[str], error: Exception) -> JobReturn:
+def _refused_return(config: DictConfig, overrides: Sequence[str], error: Exception) -> JobReturn:
     return JobReturn(overrides=masked_overrides(overrides, env_names_in(overrides)), cfg=None, hydra_cfg=None,
-                     working_dir="",
-                     task_name=str(launcher.config.hydra.job.name), status=JobStatus.FAILED, _return_value=error)
+                     working_dir="", task_name=str(config.hydra.job.name), status=JobStatus.FAILED,
+                     _return_value=error)

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 from mmt.core import proctree
 from mmt.core.jobdir import Attempt
 from mmt.core.rank_env import MMT_JOB_ID, NODE_RANK
+from mmt.records.schema import ExitRecord
 
 
 @dataclass
@@ -58,7 +59,7 @@ class JobProcesses:
             return None
         process.code = code
         try:
-            self.attempt.write_exit(process.index, code, process.stopped)
+            ExitRecord(code=code, stopped=process.stopped).write(self.attempt.exit_file(process.index))
         except OSError:  # a full disk must not stop supervision; the exit is still reported live
             pass
         if code != 0 and not process.stopped and self.first_failure is None and self.stopping_since is None:

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NoReturn, Optional, Tuple
 
 from mmt.core import proctree
 from mmt.agent import protocol
@@ -121,7 +121,7 @@ class HostAgent:
         except OSError:  # the launcher is gone
             self.shutdown()
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> NoReturn:
         """Kill every process of every job (SIGTERM, then SIGKILL) and exit."""
         for job in self.jobs.values():
             job.stop()

@@ -14,7 +14,7 @@ Every backend is reached by its ``cluster=`` name through :mod:`mmt.backends.reg
 import abc
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, Generic, List, Mapping, Optional, TypeVar
+from typing import Any, ClassVar, Generic, List, Mapping, Optional, TypeVar
 
 from omegaconf import DictConfig
 
@@ -24,6 +24,7 @@ from mmt.core.states import JobState
 from mmt.planning.plan import JobPlan, Limits
 from mmt.records.outcome import JobOutcome
 from mmt.records.registry import JobRecord, Registry
+from mmt.records.schema import OwnerRecord
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,6 @@ class Backend(JobTracker[H]):
     def warm_up(self) -> None:
         """Get ready to start jobs (the local host agent), while the front end is still composing them."""
 
-    def owner_active(self, owner: Dict[str, Any]) -> bool:
+    def owner_active(self, owner: OwnerRecord) -> bool:
         """Whether the launch recorded in a job dir's owner.json still runs, its launcher gone (a SLURM job)."""
         return False

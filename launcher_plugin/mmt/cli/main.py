@@ -123,8 +123,8 @@ def _rows(records: List[Any]) -> List[Dict[str, Any]]:
 
     rows = []
     for record in records:
-        result = record.result or {}
-        duration = result.get("duration_s")
+        result = record.result_record()
+        duration = result.duration_s if result else None
         if duration is None and record.started_at:
             duration = (record.ended_at or time.time()) - record.started_at
         rows.append({"name": record.name, "status": lightning_status(record.state), "state": record.state,
@@ -136,12 +136,13 @@ def _rows(records: List[Any]) -> List[Dict[str, Any]]:
     return rows
 
 
-def _metric(result: Dict[str, Any]) -> Optional[str]:
+def _metric(result: Any) -> Optional[str]:
+    """``name=value`` of a completed job's result (a ResultRecord), else None."""
     from mmt.launching.report import metric_of
 
-    if result.get("status") != "COMPLETED":
+    if result is None or not result.completed:
         return None
-    metric = metric_of(result.get("return_value"), result.get("summary_metric"))
+    metric = metric_of(result.return_value, result.summary_metric)
     return None if metric["value"] == "-" else f"{metric['name']}={metric['value']}"
 
 
@@ -189,14 +190,16 @@ def _inspect(args: argparse.Namespace) -> int:
                 "command", "overrides", "metric"):
         print(f"{key:<13} {facts[key]}")
     print("machines      " + ", ".join(f"{m['rank']}: {m['status']}" for m in facts["machines"]))
-    if record.result and record.result.get("error"):
-        print("error         " + record.result["error"])
+    result = record.result_record()
+    if result is not None and result.error:
+        print("error         " + result.error)
     return 0
 
 
 def _node_status(record: Any, node: int, job: str) -> str:
-    failure = (record.result or {}).get("failure")
-    if job == "Failed" and failure is not None and failure.get("node_rank") != node:
+    result = record.result_record()
+    failure = result.failure if result else None
+    if job == "Failed" and failure is not None and failure.node_rank != node:
         return "Stopped"
     return job
 

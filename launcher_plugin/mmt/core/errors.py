@@ -1,7 +1,7 @@
 """Errors mmt raises before anything starts, or returns inside a FAILED job result."""
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional, Tuple
 
 from hydra.errors import CompactHydraException
 
@@ -24,7 +24,7 @@ class ConfigError(MMTError, ValueError):
             message += f" HINT: {hint}"
         super().__init__(message)
 
-    def __reduce__(self):  # keyword-only construction must survive pickling (results travel between processes)
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:  # keyword-only construction must survive pickling (results travel between processes)
         return (ConfigError, (self.key, self.value, self.expected, self.hint))
 
 
@@ -81,7 +81,7 @@ class RankFailedError(MMTError):
             text += "\n" + failure.traceback.rstrip()
         super().__init__(text)
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
         return (RankFailedError, (self.job, self.failure))
 
 
@@ -92,7 +92,7 @@ class JobTimeoutError(MMTError):
         self.job, self.limit_s, self.running = job, limit_s, running
         super().__init__(f"{job}: timed out after {limit_s:g} s; {running}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
         return (JobTimeoutError, (self.job, self.limit_s, self.running))
 
 
@@ -103,7 +103,7 @@ class JobInterruptedError(MMTError):
         self.job, self.reason = job, reason
         super().__init__(f"{job}: {reason}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
         return (JobInterruptedError, (self.job, self.reason))
 
 
@@ -114,7 +114,7 @@ class JobFailedError(MMTError):
         self.job, self.reason = job, reason
         super().__init__(f"{job}: {reason}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
         return (JobFailedError, (self.job, self.reason))
 
 
@@ -125,5 +125,5 @@ class InvalidJobError(MMTError):
         self.job, self.reason = job, reason
         super().__init__(f"{job}: not started: {reason}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
         return (InvalidJobError, (self.job, self.reason))

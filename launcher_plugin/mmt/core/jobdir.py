@@ -1,5 +1,5 @@
 """Every file name in a job's output dir, and the records the processes of a job leave there. No other module
-spells these names.
+spells these names. The JSON records among them are typed, with a schema version: mmt.records.schema.
 
 A job dir (Hydra's ``<sweep dir>/<job num>``) holds what users read and what the engine keeps to itself::
 
@@ -227,7 +227,7 @@ class Attempt:
     def payload(self) -> Path:
         return self.dir / "job.pkl"
 
-    # what processes report -----------------------------------------------------------------------------------
+    # what processes report (error and exit records are typed, read and written by mmt.records.schema) ----------
     def error_file(self, index: int) -> Path:
         return self.dir / f"error.{index}.json"
 
@@ -259,24 +259,11 @@ class Attempt:
     def concluded(self) -> Path:
         return self.dir / "concluded"
 
-    def write_error(self, index: int, record: Dict[str, Any]) -> None:
-        write_atomic(self.error_file(index), json.dumps({"time": time.time(), **record}).encode(), private=True)
-
-    def write_exit(self, index: int, code: int, stopped: bool) -> None:
-        record = {"code": code, "stopped": stopped, "time": time.time()}
-        write_atomic(self.exit_file(index), json.dumps(record).encode(), private=True)
-
     def write_done(self, index: int, code: int) -> None:
         write_atomic(self.done_file(index), str(code).encode(), private=True)
 
     def write_agent(self, node_rank: int, record: Dict[str, Any]) -> None:
         write_atomic(self.agent_file(node_rank), json.dumps(record).encode(), private=True)
-
-    def error(self, index: int) -> Optional[Dict[str, Any]]:
-        return read_json(self.error_file(index))
-
-    def exit(self, index: int) -> Optional[Dict[str, Any]]:
-        return read_json(self.exit_file(index))
 
     def done(self, index: int) -> Optional[int]:
         try:

@@ -16,8 +16,27 @@ RANK               n * M + l
 WORLD_SIZE         N * M
 LOCAL_WORLD_SIZE   M
 NUM_NODES          N (the Lightning platform's name)
+GLOBAL_RANK        RANK again, where RANK is set (LitData's name)
+NNODES             N (LitData's name)
+MMT_NODE_ADDRS     every node's address, comma-separated, in node order (MASTER_ADDR is the first)
+MMT_NODE_ADDR      this node's own entry of MMT_NODE_ADDRS
 OMP_NUM_THREADS    cores per node // M, unless the user set it
 =================  ==========================================================
+
+A job that names its framework (``hydra.launcher.framework``) also gets that framework's own variables, one
+process of the plan being one TensorFlow worker or one JAX process (per-rank: the rank; per-node: the node):
+
+=========================  ===============================================================================
+TF_CONFIG                  tensorflow: every worker's own host:port (its node's address, a port held for
+                           it), in process order, and this process's index; the cluster part is identical on
+                           every process
+TF_NUM_INTRAOP_THREADS     tensorflow: OMP_NUM_THREADS, unless the user set it
+TF_NUM_INTEROP_THREADS     tensorflow: min(2, that), unless the user set it
+JAX_COORDINATOR_ADDRESS    jax: process 0's node address and a port held for the coordinator
+JAX_NUM_PROCESSES          jax: the number of processes (JAX does not read it: pass it to initialize())
+JAX_PROCESS_ID             jax: this process's index (likewise)
+JAX_LOCAL_DEVICE_IDS       jax, per rank: LOCAL_RANK (read by jax.distributed.initialize: one device each)
+=========================  ===============================================================================
 
 When the recipe states a global batch size, the launcher resolves its batch plan once and hands it to every
 rank (global = WORLD_SIZE x micro x accumulation):
@@ -35,9 +54,10 @@ topology in the names Lightning reads: ``PL_TRAINER_NUM_NODES``/``PL_TRAINER_DEV
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
@@ -49,6 +69,23 @@ WORLD_SIZE = "WORLD_SIZE"
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 NUM_NODES = "NUM_NODES"
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
+# LitData reads the rank and the node count under these names (litdata.utilities.env._DistributedEnv.detect); without
+# GLOBAL_RANK every rank that builds a StreamingDataset before init_process_group streams rank 0's shard
+GLOBAL_RANK = "GLOBAL_RANK"
+NNODES = "NNODES"
+# every node's address in node order, and this node's own
+MMT_NODE_ADDRS = "MMT_NODE_ADDRS"
+MMT_NODE_ADDR = "MMT_NODE_ADDR"
+# a job's framework (hydra.launcher.framework) and the variables mmt writes for it
+FRAMEWORK_NONE, TENSORFLOW, JAX = "none", "tensorflow", "jax"
+FRAMEWORKS = (FRAMEWORK_NONE, TENSORFLOW, JAX)
+TF_CONFIG = "TF_CONFIG"
+TF_NUM_INTRAOP_THREADS = "TF_NUM_INTRAOP_THREADS"
+TF_NUM_INTEROP_THREADS = "TF_NUM_INTEROP_THREADS"
+JAX_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
+JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
+JAX_PROCESS_ID = "JAX_PROCESS_ID"
+JAX_LOCAL_DEVICE_IDS = "JAX_LOCAL_DEVICE_IDS"
 # where the job writes (its Hydra output dir) and which job this is; handy for `command=` scripts
 MMT_JOB_DIR = "MMT_JOB_DIR"
 MMT_JOB_ID = "MMT_JOB_ID"
@@ -67,9 +104,13 @@ PER_NODE_TOPOLOGY = {
 #: names a user may not set through ``env``: the launcher owns them
 RESERVED = frozenset(
     {MASTER_ADDR, MASTER_PORT, NODE_RANK, GROUP_RANK, LOCAL_RANK, RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NUM_NODES,
-     MMT_JOB_DIR, MMT_JOB_ID, MMT_GLOBAL_BATCH_SIZE, MMT_MICRO_BATCH_SIZE, MMT_GRAD_ACCUM,
+     GLOBAL_RANK, NNODES, MMT_NODE_ADDRS, MMT_NODE_ADDR, TF_CONFIG, JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+     JAX_PROCESS_ID, MMT_JOB_DIR, MMT_JOB_ID, MMT_GLOBAL_BATCH_SIZE, MMT_MICRO_BATCH_SIZE, MMT_GRAD_ACCUM,
      *(name for names in PER_NODE_TOPOLOGY.values() for name in names)}
 )
+
+#: the reserved names that belong to a framework: mmt writes them when hydra.launcher.framework asks for them
+FRAMEWORK_RESERVED = frozenset({TF_CONFIG, JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID})
 
 # Inherited variables that make a framework believe it runs somewhere else: a stray SLURM_NTASKS makes Lightning
 # pick SLURMEnvironment with wrong ranks, TORCHELASTIC_RUN_ID makes it trust RANK/WORLD_SIZE, LT_*/PL_TRAINER_*
@@ -78,7 +119,11 @@ SCRUBBED_PREFIXES = (
     "SLURM_", "SLURMD_", "SBATCH_", "SRUN_", "TORCHELASTIC_", "LT_", "PL_TRAINER_", "PL_FABRIC_", "OMPI_", "PMI_",
     "PMIX_", "LSB_", "JSM_NAMESPACE_", "SUBMITIT_", "MMT_",
 )
-_SCRUB_NAMES = RESERVED | {"GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+# (OMPI_*, PMI_*, PMIX_* above: MPI's own names, never set by mmt either: see docs/frameworks.md.) An inherited
+# TF_CONFIG or JAX coordinator would send every rank to another job's workers.
+_SCRUB_NAMES = RESERVED | {"GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE",
+                           "TORCH_NCCL_ASYNC_ERROR_HANDLING", JAX_LOCAL_DEVICE_IDS, "JAX_COORDINATOR_PORT",
+                           "JAX_COORDINATOR_BIND_ADDRESS"}
 
 
 def topology_hints(num_nodes: int, local_world_size: int) -> dict[str, str]:
@@ -133,14 +178,55 @@ def threads_per_rank(cores_per_node: int, ranks_per_node: int) -> str:
     return str(max(1, cores_per_node // max(1, ranks_per_node)))
 
 
+def framework_port_count(framework: str, process_count: int) -> int:
+    """Ports a job's framework needs held for it, besides MASTER_PORT: one per TensorFlow worker (TF_CONFIG names
+    each worker's own host:port), one for JAX's coordinator."""
+    return process_count if framework == TENSORFLOW else 1 if framework == JAX else 0
+
+
+def host_port(host: str, port: Any) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def tf_config(workers: Sequence[str], index: int) -> str:
+    """TF_CONFIG of worker ``index`` of a MultiWorkerMirroredStrategy cluster (``workers``: each one's host:port)."""
+    return json.dumps({"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}},
+                      separators=(",", ":"))
+
+
+def _framework_env(framework: str, place: RankPlace, per_node: bool, node_addrs: Sequence[str],
+                   ports: Sequence[Any]) -> Dict[str, str]:
+    """The variables of ``framework`` for one process: process i of the plan is worker/process i."""
+    if framework == FRAMEWORK_NONE:
+        return {}
+    count = place.num_nodes if per_node else place.world_size
+    index = place.node_rank if per_node else place.rank
+    wanted = framework_port_count(framework, count)
+    assert len(ports) == wanted, f"framework {framework} needs {wanted} ports held for it, got {len(ports)}"
+    if framework == TENSORFLOW:
+        node_of = (lambda i: i) if per_node else (lambda i: i // place.local_world_size)
+        workers = [host_port(node_addrs[node_of(i)], ports[i]) for i in range(count)]
+        return {TF_CONFIG: tf_config(workers, index)}
+    env = {JAX_COORDINATOR_ADDRESS: host_port(node_addrs[0], ports[0]), JAX_NUM_PROCESSES: str(count),
+           JAX_PROCESS_ID: str(index)}
+    if not per_node:  # one device per process, as JAX's own SLURM detection does; per node, all of the node's
+        env[JAX_LOCAL_DEVICE_IDS] = str(place.local_rank)
+    return env
+
+
 def contract_env(place: RankPlace, *, per_node: bool, master_addr: str, master_port: Any, job_dir: str, job_id: str,
-                 extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+                 extra: Optional[Mapping[str, str]] = None, node_addrs: Sequence[str] = (),
+                 framework: str = FRAMEWORK_NONE, framework_ports: Sequence[Any] = ()) -> Dict[str, str]:
     """The contract variables of one process, and nothing else.
 
     ``per_node``: the process is a command that creates the node's ranks itself: no RANK/LOCAL_RANK (they would
     tell Lightning the ranks already exist), and the topology in Lightning's names instead.
     ``extra``: launcher-owned additions (:func:`batch_env`, :func:`topology_hints`); they may not change the rest.
+    ``node_addrs``: every node's address in node order (empty: ``master_addr`` for every node, as on one host).
+    ``framework``/``framework_ports``: the job's framework and the ports held for it (:func:`framework_port_count`).
     """
+    addrs = list(node_addrs) or [master_addr] * place.num_nodes
+    assert len(addrs) == place.num_nodes, f"{len(addrs)} node addresses for {place.num_nodes} nodes"
     env = {
         MASTER_ADDR: master_addr,
         MASTER_PORT: str(master_port),
@@ -149,6 +235,9 @@ def contract_env(place: RankPlace, *, per_node: bool, master_addr: str, master_p
         WORLD_SIZE: str(place.world_size),
         LOCAL_WORLD_SIZE: str(place.local_world_size),
         NUM_NODES: str(place.num_nodes),
+        NNODES: str(place.num_nodes),
+        MMT_NODE_ADDRS: ",".join(addrs),
+        MMT_NODE_ADDR: addrs[place.node_rank],
         MMT_JOB_DIR: job_dir,
         MMT_JOB_ID: job_id,
     }
@@ -156,8 +245,88 @@ def contract_env(place: RankPlace, *, per_node: bool, master_addr: str, master_p
         env.update(topology_hints(place.num_nodes, place.local_world_size))
     else:
         env[LOCAL_RANK] = str(place.local_rank)
-        env[RANK] = str(place.rank)
+        env[RANK] = env[GLOBAL_RANK] = str(place.rank)
+    env.update(_framework_env(framework, place, per_node, addrs, framework_ports))
     return _with_extra(env, extra)
+
+
+def framework_threads(framework: str, omp_threads: str, env: Mapping[str, str]) -> Dict[str, str]:
+    """TensorFlow's own thread pools, sized like OpenMP's unless the user sized them: intra-op = OMP_NUM_THREADS,
+    inter-op = at most 2 (TF's default of one thread per core in each pool oversubscribes a shared node)."""
+    if framework != TENSORFLOW:
+        return {}
+    intra = int(omp_threads) if omp_threads.isdigit() and int(omp_threads) > 0 else 1
+    wanted = {TF_NUM_INTRAOP_THREADS: str(intra), TF_NUM_INTEROP_THREADS: str(min(2, intra))}
+    return {name: value for name, value in wanted.items() if name not in env}
+
+
+# ------------------------------------------------------------------------------------------ who listens where
+
+
+class PortClaim(NamedTuple):
+    """A port mmt holds for one process of a job's framework: only ``owner`` may listen on it."""
+
+    owner: int
+    what: str
+
+
+def process_index(env: Mapping[str, str]) -> Optional[int]:
+    """The plan's process index of a process, from its contract (None outside a job)."""
+    for name in (JAX_PROCESS_ID, RANK, NODE_RANK):
+        if (env.get(name) or "").isdigit():
+            return int(env[name])
+    return None
+
+
+def _port_of(address: str) -> Optional[int]:
+    tail = address.rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def port_claims(env: Mapping[str, str]) -> Dict[int, PortClaim]:
+    """The framework ports of a job, read from one of its processes' contract (what mmt wrote, not what a script
+    changed later in its own process): port -> the process that may listen on it."""
+    claims: Dict[int, PortClaim] = {}
+    if env.get(TF_CONFIG):
+        workers = json.loads(env[TF_CONFIG]).get("cluster", {}).get("worker", [])
+        for index, address in enumerate(workers):
+            port = _port_of(address)
+            if port is not None:
+                claims[port] = PortClaim(index, f"TF worker {index}'s own port in the TF_CONFIG mmt wrote")
+    if env.get(JAX_COORDINATOR_ADDRESS):
+        port = _port_of(env[JAX_COORDINATOR_ADDRESS])
+        if port is not None:
+            claims[port] = PortClaim(0, "JAX's coordinator (JAX_COORDINATOR_ADDRESS, process 0)")
+    return claims
+
+
+def misplaced_listener(env: Mapping[str, str], listening: Mapping[int, Sequence[int]]) -> Optional[str]:
+    """Why a job's framework cannot form, from where its processes listen (``listening``: process index -> the TCP
+    ports its processes listen on), or None. ``env``: any process's contract of the job.
+
+    A TensorFlow worker listening on MASTER_PORT runs a TF_CONFIG that is not mmt's but built from
+    MASTER_ADDR:MASTER_PORT; a process listening on another one's framework port runs ids that are not mmt's.
+    Either way the workers wait for each other until the time limit; this names the cause at once.
+    """
+    claims = port_claims(env)
+    master_port = int(env[MASTER_PORT]) if (env.get(MASTER_PORT) or "").isdigit() else None
+    tensorflow = bool(env.get(TF_CONFIG))
+    who = "TF worker" if tensorflow else "JAX process"
+    for index in sorted(listening):
+        for port in sorted(set(listening[index])):
+            if tensorflow and port == master_port and port not in claims:
+                own = next((p for p, claim in claims.items() if claim.owner == index), None)
+                return (f"TF worker {index} listens on MASTER_PORT {port} instead of its own port {own} from the "
+                        "TF_CONFIG mmt wrote: the script sets TF_CONFIG itself from MASTER_ADDR:MASTER_PORT (the "
+                        "Lightning guide's snippet lists that one address once per worker), so every worker claims "
+                        "rank 0's address and they never meet. HINT: delete the script's TF_CONFIG code: with "
+                        "hydra.launcher.framework=tensorflow mmt writes each worker's own TF_CONFIG")
+            claim = claims.get(port)
+            if claim is not None and claim.owner != index:
+                return (f"{who} {index} listens on port {port}, which mmt holds for {claim.what}: the script changed "
+                        "the framework's addresses or process ids mmt wrote. HINT: leave TF_CONFIG, "
+                        "JAX_COORDINATOR_ADDRESS and the process ids as mmt sets them (docs/frameworks.md)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -177,6 +346,8 @@ class RankInfo:
     global_batch_size: Optional[int] = None
     micro_batch_size: Optional[int] = None
     grad_accum: Optional[int] = None
+    # every node's address in node order (MMT_NODE_ADDRS); () outside a job
+    node_addrs: Tuple[str, ...] = ()
 
     @property
     def is_main(self) -> bool:
@@ -212,6 +383,7 @@ class RankInfo:
             global_batch_size=number(MMT_GLOBAL_BATCH_SIZE, None),
             micro_batch_size=number(MMT_MICRO_BATCH_SIZE, None),
             grad_accum=number(MMT_GRAD_ACCUM, None),
+            node_addrs=tuple(a for a in env.get(MMT_NODE_ADDRS, "").split(",") if a),
         )
 
     def batch_sizes(self, micro: Optional[int] = None, accumulate: Optional[int] = None,

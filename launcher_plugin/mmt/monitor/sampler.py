@@ -172,7 +172,7 @@ def thin(path: Path) -> None:
 
 def read_samples(path: Path) -> List[Dict[str, Any]]:
     """Every complete sample of a metrics file (a line being written is skipped)."""
-    samples = []
+    samples: List[Dict[str, Any]] = []
     try:
         text = path.read_text()
     except OSError:

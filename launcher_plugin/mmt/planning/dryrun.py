@@ -46,14 +46,17 @@ def _shown_indices(count: int) -> List[int]:
 
 def _env_lines(plan: JobPlan) -> List[str]:
     """The contract every process gets: shared values once, then each process's own values."""
-    rendezvous = Rendezvous(master_addr="$MASTER_ADDR", master_port=0)
+    # where the nodes are and which ports their frameworks get are known only at start: placeholders
+    addrs = tuple(f"<node{n}>" for n in range(plan.num_nodes))
+    rendezvous = Rendezvous(master_addr="$MASTER_ADDR", master_port=0, node_addrs=addrs,
+                            framework_ports=tuple(f"<port{i}>" for i in range(plan.framework_port_count)))
     copied = {name: MASK for name in plan.env_from}
     shown = _shown_indices(plan.process_count)
 
     def env_of(index: int) -> Dict[str, str]:
         env = process_env(plan, plan.place(index), rendezvous=rendezvous, inherited={}, copied=copied,
                           cores_per_node=0, python=None)
-        for name in ("OMP_NUM_THREADS", *plan.secret_names):
+        for name in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", *plan.secret_names):
             env.pop(name, None)
         return env
 
@@ -63,6 +66,10 @@ def _env_lines(plan: JobPlan) -> List[str]:
     shared.pop("MASTER_ADDR", None)
     shared["MASTER_PORT"] = PORT_PLACEHOLDER
     lines = ["  env (all)  " + " ".join(f"{k}={v}" for k, v in sorted(shared.items()))]
+    if plan.framework_port_count:
+        lines.append(f"  framework  {plan.framework}: <nodeN> is node N's address, <portI> the port held for "
+                     f"{'worker I' if plan.framework == 'tensorflow' else 'the coordinator'} "
+                     "(set at start: free ports here, derived from the job id on SLURM)")
     if plan.secret_names:
         lines.append("  env (user) " + " ".join(f"{k}={MASK}" for k in sorted(plan.secret_names))
                      + "   (values are never shown)")

@@ -3,16 +3,18 @@
 Layers, later ones winning: the inherited environment without other launchers' variables; the launcher's own
 Python environment first on PATH (so ``python``, ``torchrun`` and the venv's scripts in a command are the
 launcher's, on every node); the user's ``env`` and the variables copied from the launcher (``env_from``); OpenMP's
-thread count; the rank contract with the launcher's extras (batch plan, topology hints); and what a backend must
-keep (SLURM's own variables in per-rank task mode).
+thread count (and TensorFlow's, for a TensorFlow job); the rank contract with the launcher's extras (batch plan,
+topology hints) and the job's framework variables (``TF_CONFIG``, JAX's coordinator); and what a backend must keep
+(SLURM's own variables in per-rank task mode).
 """
 
 import os
 import sys
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Union
+from typing import Dict, Mapping, Optional, Tuple, Union
 
-from mmt.core.rank_env import OMP_NUM_THREADS, RankPlace, contract_env, scrubbed, threads_per_rank
+from mmt.core.rank_env import (OMP_NUM_THREADS, RankPlace, contract_env, framework_threads, scrubbed,
+                               threads_per_rank)
 from mmt.planning.plan import JobPlan
 
 
@@ -32,10 +34,18 @@ def python_warnings(job_dir: str, inherited: Optional[str]) -> str:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """Where node 0 listens. ``master_port`` is None in a dry run (chosen at start)."""
+    """Where node 0 listens, where every node is, and the ports held for the job's framework.
+
+    ``master_port`` is None in a dry run (chosen at start). ``node_addrs``: every node's address in node order
+    (empty: ``master_addr`` for every node, as when all nodes share one host). ``framework_ports``: the ports held
+    for the plan's framework (``mmt.core.rank_env.framework_port_count``: one per TensorFlow worker, in process
+    order; JAX's coordinator).
+    """
 
     master_addr: str
     master_port: Optional[Union[int, str]]
+    node_addrs: Tuple[str, ...] = ()
+    framework_ports: Tuple[Union[int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,9 +88,11 @@ def process_env(plan: JobPlan, place: RankPlace, *, rendezvous: Rendezvous, inhe
     env.update(copied)
     if OMP_NUM_THREADS not in env:
         env[OMP_NUM_THREADS] = threads_per_rank(cores_per_node, plan.devices)
+    env.update(framework_threads(plan.framework, env[OMP_NUM_THREADS], env))
     contract = contract_env(place, per_node=plan.per_node, master_addr=rendezvous.master_addr,
                             master_port=rendezvous.master_port, job_dir=plan.job_dir, job_id=plan.job_id,
-                            extra=plan.extra_env())
+                            extra=plan.extra_env(), node_addrs=rendezvous.node_addrs, framework=plan.framework,
+                            framework_ports=rendezvous.framework_ports)
     env.update({k: v for k, v in (keep or {}).items() if k not in contract})
     env.update(contract)
     if plan.command is not None:  # a command's interpreters are not the worker's: they get the filters this way

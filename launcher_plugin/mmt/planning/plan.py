@@ -12,7 +12,8 @@ from mmt.core.errors import ConfigError
 from mmt.planning import validate as check
 from mmt.planning.batch import BatchPlan, plan_batch
 from mmt.planning.machine import Machine, machine_from_config
-from mmt.core.rank_env import RankPlace, topology_hints
+from mmt.core.rank_env import (FRAMEWORK_NONE, FRAMEWORKS, TENSORFLOW, RankPlace, framework_port_count,
+                               topology_hints)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class JobPlan:
     max_steps: Optional[int] = None
     # seconds between machine-metrics samples of each node; 0 = none
     metrics_interval_s: float = 0.0
+    # the framework whose own variables mmt writes (TF_CONFIG, JAX's coordinator): none, tensorflow or jax
+    framework: str = FRAMEWORK_NONE
 
     @property
     def label(self) -> str:
@@ -93,6 +96,18 @@ class JobPlan:
         if self.command is not None and self.command_mode == "per_rank":
             env.update(topology_hints(self.num_nodes, self.devices))
         return env
+
+    @property
+    def framework_port_count(self) -> int:
+        """Ports held for the framework besides MASTER_PORT: one per TensorFlow worker, one for JAX's coordinator."""
+        return framework_port_count(self.framework, self.process_count)
+
+    def framework_port_indices(self, node_rank: int) -> List[int]:
+        """Which of the framework ports node ``node_rank`` holds: its own workers' (TensorFlow), or the
+        coordinator's on node 0 (JAX)."""
+        if self.framework == TENSORFLOW:
+            return list(self.node_indices(node_rank))
+        return [0] if self.framework_port_count and node_rank == 0 else []
 
     def place(self, index: int) -> RankPlace:
         """Process ``index`` (the global rank; per-node mode: the node) as a place in the job."""
@@ -166,6 +181,13 @@ def plan_job(launcher_cfg: DictConfig, *, num: int, name: str, job_id: str, over
         if interval < 0.1:
             raise ConfigError("hydra.launcher.metrics_interval_s", interval, "expected 0 (off) or at least 0.1 s",
                               "e.g. hydra.launcher.metrics_interval_s=1")
+    framework = check.choice("hydra.launcher.framework",
+                             OmegaConf.select(launcher_cfg, "framework", default=FRAMEWORK_NONE), FRAMEWORKS)
+    command_mode = check.choice("command_mode", launcher_cfg.command_mode, check.COMMAND_MODES)
+    if framework == TENSORFLOW and command is not None and command_mode == "per_node" and devices > 1:
+        raise ConfigError("hydra.launcher.framework", framework, f"a TensorFlow worker is one process, and "
+                          f"command_mode=per_node starts one command per node for {devices} devices",
+                          "add command_mode=per_rank (one worker per rank), or use devices=1")
     return JobPlan(
         num=num,
         name=name,
@@ -178,7 +200,7 @@ def plan_job(launcher_cfg: DictConfig, *, num: int, name: str, job_id: str, over
         image=check.optional_text("image", launcher_cfg.image, "a container image name",
                                   "e.g. image=nvcr.io/nvidia/pytorch:24.05-py3"),
         command=command,
-        command_mode=check.choice("command_mode", launcher_cfg.command_mode, check.COMMAND_MODES),
+        command_mode=command_mode,
         env=check.env_vars("env", launcher_cfg.env),
         env_from=tuple(check.env_names("hydra.launcher.env_from", OmegaConf.select(launcher_cfg, "env_from"),
                                        launcher_env)),
@@ -195,4 +217,5 @@ def plan_job(launcher_cfg: DictConfig, *, num: int, name: str, job_id: str, over
         max_steps=max_steps if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0
         else None,
         metrics_interval_s=float(interval),
+        framework=framework,
     )

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mmt.core.errors import ConfigError
 from mmt.planning.redact import MASKED
-from mmt.core.rank_env import RESERVED, SCRUBBED_PREFIXES
+from mmt.core.rank_env import FRAMEWORK_RESERVED, RESERVED, SCRUBBED_PREFIXES
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
@@ -96,6 +96,9 @@ def _check_env_name(key: str, name: Any, item: Any) -> None:
     if not isinstance(name, str) or not _ENV_NAME.match(name):
         raise ConfigError(f"{key}.{name}", item, "environment variable names are letters, digits and _, not starting "
                           "with a digit", f"rename it, e.g. {key}.{_suggest_name(str(name))}=...")
+    if name in FRAMEWORK_RESERVED:
+        raise ConfigError(f"{key}.{name}", item, f"{name} is written by mmt for every process, each its own",
+                          "drop it; set hydra.launcher.framework=tensorflow (TF_CONFIG) or jax (JAX_*) instead")
     if name in RESERVED:
         raise ConfigError(f"{key}.{name}", item, f"{name} belongs to the rank contract the launcher sets "
                           f"({', '.join(sorted(RESERVED))})", "drop it; use num_nodes/devices to change the topology")

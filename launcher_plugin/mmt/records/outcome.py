@@ -6,16 +6,17 @@ import json
 import math
 import signal
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import cloudpickle
 
 from mmt.core.states import JobState, ProcessState
 from mmt.core.errors import JobFailedError, JobInterruptedError, JobTimeoutError, RankFailedError, RankFailure
-from mmt.core.jobdir import Attempt, JobDir, write_atomic
+from mmt.core.jobdir import Attempt, JobDir
 from mmt.records.payload import UnsafePayloadError, check_private
+from mmt.records.schema import ErrorRecord, ExitRecord, ResultRecord
 from mmt.planning.plan import JobPlan
 from mmt.planning.redact import masked_overrides
 
@@ -48,26 +49,35 @@ def _log(plan: JobPlan, index: int) -> str:
     return str(JobDir(Path(plan.job_dir)).log(place.node_rank, place.rank, plan.per_node))
 
 
-def _failure(plan: JobPlan, index: int, error: Optional[Dict[str, Any]], code: Optional[int]) -> RankFailure:
+def process_error(attempt: Attempt, index: int) -> Optional[ErrorRecord]:
+    """What process ``index`` reported when it raised (or its command failed), if it did."""
+    return ErrorRecord.read(attempt.error_file(index))
+
+
+def process_exit(attempt: Attempt, index: int) -> Optional[ExitRecord]:
+    """How process ``index`` exited, as its agent recorded it, once it did."""
+    return ExitRecord.read(attempt.exit_file(index))
+
+
+def _failure(plan: JobPlan, index: int, error: Optional[ErrorRecord], code: Optional[int]) -> RankFailure:
     place = plan.place(index)
-    error = error or {}
-    exit_code, signal_name = error.get("exit_code"), error.get("signal")
-    if "exit_code" not in error and code is not None:  # not a command's own status: the process's
+    exit_code, signal_name = (error.exit_code, error.signal) if error is not None else (None, None)
+    if (error is None or not error.command) and code is not None:  # not a command's own status: the process's
         exit_code, signal_name = (code, None) if code >= 0 else (None, _signal_name(code))
     return RankFailure(rank=place.rank, node_rank=place.node_rank, exit_code=exit_code, signal=signal_name,
-                       exception=error.get("exception"), traceback=error.get("traceback"), log=_log(plan, index),
-                       whole_node=plan.per_node)
+                       exception=error.exception if error else None, traceback=error.traceback if error else None,
+                       log=_log(plan, index), whole_node=plan.per_node)
 
 
 def process_state(attempt: Attempt, index: int) -> ProcessState:
     """Where process ``index`` of a started job is, by the records it and its agent left."""
-    if attempt.error(index) is not None:
+    if process_error(attempt, index) is not None:
         return ProcessState.FAILED
-    exit_record = attempt.exit(index)
+    exit_record = process_exit(attempt, index)
     if exit_record is not None:
-        if exit_record.get("code") == 0:
+        if exit_record.code == 0:
             return ProcessState.SUCCEEDED
-        return ProcessState.STOPPED if exit_record.get("stopped") else ProcessState.FAILED
+        return ProcessState.STOPPED if exit_record.stopped else ProcessState.FAILED
     done = attempt.done(index)
     if done is not None:  # its task has finished; the process is exiting
         return ProcessState.SUCCEEDED if done == 0 else ProcessState.FAILED
@@ -86,14 +96,13 @@ def first_failure(plan: JobPlan, attempt: Attempt, terminated_at: Optional[float
     for index in range(plan.process_count):
         if process_state(attempt, index) != ProcessState.FAILED:
             continue
-        error, exit_record = attempt.error(index), attempt.exit(index)
-        code = exit_record.get("code") if exit_record else None
+        error, exit_record = process_error(attempt, index), process_exit(attempt, index)
+        code = exit_record.code if exit_record else None
         if error is None and exit_record is None:
             continue  # its task failed (done marker) and its exit is not recorded yet: the exit record names how
         if error is None and code is not None and code < 0 and -code in outside_signals:
             continue
-        record = error if error is not None else exit_record
-        when = float(record.get("time", math.inf))
+        when = error.when if error is not None else exit_record.when if exit_record is not None else math.inf
         failure = _failure(plan, index, error, code)
         if terminated_at is None or when < terminated_at:
             found.append((when, failure))
@@ -151,14 +160,12 @@ def error_for(plan: JobPlan, outcome: JobOutcome) -> Exception:
     return RankFailedError(plan.label, outcome.failure)
 
 
-def outcome_of_record(record: Dict[str, Any]) -> JobOutcome:
+def outcome_of_record(record: ResultRecord) -> JobOutcome:
     """A result.json read back (a job that concluded itself, seen from another process)."""
-    failure = record.get("failure")
-    error = record.get("error") or ""
-    detail = error.split(": ", 1)[1] if ": " in error and not failure else ""
-    return JobOutcome(status=JobState(record["status"]), duration_s=record.get("duration_s"),
-                      failure=RankFailure(**failure) if failure else None, detail=detail,
-                      scheduler_id=record.get("scheduler_id"), stop_latency_s=record.get("stop_latency_s"))
+    error = record.error or ""
+    detail = error.split(": ", 1)[1] if ": " in error and record.failure is None else ""
+    return JobOutcome(status=record.status, duration_s=record.duration_s, failure=record.failure, detail=detail,
+                      scheduler_id=record.scheduler_id, stop_latency_s=record.stop_latency_s)
 
 
 def _jsonable(value: Any) -> Any:
@@ -176,29 +183,24 @@ def _jsonable(value: Any) -> Any:
 
 
 def result_record(plan: JobPlan, outcome: JobOutcome, return_value: Any, attempt_id: str,
-                  timing: Optional[Dict[str, Optional[float]]] = None) -> Dict[str, Any]:
+                  started_at: Optional[float] = None, ended_at: Optional[float] = None) -> ResultRecord:
+    """The result of a job's attempt, as ``result.json`` and the registry keep it."""
     completed = outcome.status == JobState.COMPLETED
-    return {
-        "job": plan.num,
-        "name": plan.name,
-        "attempt": attempt_id,
-        "overrides": masked_overrides(plan.overrides, plan.secret_names),
-        "status": outcome.status.value,
-        "num_nodes": plan.num_nodes,
-        "devices": plan.devices,
-        "world_size": plan.world_size,
-        "machine": plan.machine.name,
-        "summary_metric": plan.summary_metric,
-        "duration_s": outcome.duration_s,
-        "stop_latency_s": outcome.stop_latency_s,
-        "scheduler_id": outcome.scheduler_id,
-        **(timing or {}),
-        "return_value": _jsonable(return_value) if completed else None,
-        "failure": asdict(outcome.failure) if outcome.failure else None,
-        "error": None if completed else str(error_for(plan, outcome)),
-    }
+    return ResultRecord(
+        job=plan.num, name=plan.name, attempt=attempt_id,
+        overrides=tuple(masked_overrides(plan.overrides, plan.secret_names)), status=outcome.status,
+        num_nodes=plan.num_nodes, devices=plan.devices, world_size=plan.world_size, machine=plan.machine.name,
+        summary_metric=plan.summary_metric, duration_s=outcome.duration_s, stop_latency_s=outcome.stop_latency_s,
+        scheduler_id=outcome.scheduler_id, started_at=started_at, ended_at=ended_at,
+        return_value=_jsonable(return_value) if completed else None, failure=outcome.failure,
+        error=None if completed else str(error_for(plan, outcome)))
 
 
-def write_result(plan: JobPlan, record: Dict[str, Any]) -> None:
+def read_result(job_dir: Path) -> Optional[ResultRecord]:
+    """``<job dir>/result.json``, of whichever attempt wrote it last (see ResultRecord.concludes)."""
+    return ResultRecord.read(JobDir(job_dir).result)
+
+
+def write_result(plan: JobPlan, record: ResultRecord) -> None:
     """``<job dir>/result.json``, atomically: readers see the previous result or this one."""
-    write_atomic(JobDir(Path(plan.job_dir)).result, json.dumps(record, indent=2).encode())
+    record.write(JobDir(Path(plan.job_dir)).result)

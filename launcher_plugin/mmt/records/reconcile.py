@@ -3,18 +3,19 @@
 
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Optional
 
-from mmt.core.jobdir import JobDir, read_json
+from mmt.core.jobdir import JobDir
 from mmt.core.states import JobState
 from mmt.records.payload import discard_payload
 from mmt.records.registry import JobRecord, Registry
+from mmt.records.schema import ResultRecord
 
 
-def own_result(record: JobRecord) -> Optional[Dict[str, Any]]:
+def own_result(record: JobRecord) -> Optional[ResultRecord]:
     """The job dir's ``result.json``, when it concludes this record's attempt (not an earlier or later run's)."""
-    result = read_json(JobDir(Path(record.job_dir)).result)
-    return result if result is not None and result.get("attempt") == record.attempt else None
+    result = ResultRecord.read(JobDir(Path(record.job_dir)).result)
+    return result if result is not None and result.concludes(record.attempt) else None
 
 
 def job_num(record: JobRecord) -> int:
@@ -25,21 +26,24 @@ def job_num(record: JobRecord) -> int:
 
 def conclude_orphan(record: JobRecord, registry: Registry, reason: str) -> JobRecord:
     """FAILED, with ``reason``, unless another process got there first (then its record)."""
-    result = {"status": JobState.FAILED.value, "error": f"{record.name}: {reason}", "attempt": record.attempt,
-              "job": job_num(record), "ended_at": time.time()}
-    if registry.conclude_orphan(record.name, record.attempt, result):
-        record.state, record.result, record.ended_at = result["status"], result, result["ended_at"]
+    result = ResultRecord(status=JobState.FAILED, error=f"{record.name}: {reason}", attempt=record.attempt,
+                          job=job_num(record), ended_at=time.time())
+    as_dict = result.to_dict()
+    if registry.conclude_orphan(record.name, record.attempt, as_dict):
+        record.state, record.result, record.ended_at = result.status.value, as_dict, result.ended_at
         # nothing will run it: its pickled config and copied secrets go (the records stay, for what they tell)
         discard_payload(JobDir(Path(record.job_dir)).attempt(record.attempt))
         return record
     return registry.get(record.name) or record
 
 
-def save(record: JobRecord, registry: Registry, state: str, result: Optional[Dict[str, Any]]) -> JobRecord:
+def save(record: JobRecord, registry: Registry, state: str, result: Optional[ResultRecord]) -> JobRecord:
     """The record with ``state`` (or the ``result``'s final state), saved when it changed."""
     if result is not None:
-        record.state, record.result, record.ended_at = result["status"], result, result.get("ended_at", time.time())
-        registry.update(record.name, state=record.state, result=result, ended_at=record.ended_at)
+        as_dict = result.to_dict()
+        ended_at = result.ended_at if result.ended_at is not None else time.time()
+        record.state, record.result, record.ended_at = result.status.value, as_dict, ended_at
+        registry.update(record.name, state=record.state, result=as_dict, ended_at=record.ended_at)
     elif state != record.state:
         record.state = state
         registry.update(record.name, state=state)

@@ -108,12 +108,13 @@ class RegisteredJob:
     @property
     def result(self) -> Any:
         """Rank 0's return value once the job completed (a command's: its exit code and duration), else None."""
-        record = self._record()
-        return (record.result or {}).get("return_value")
+        result = self._record().result_record()
+        return result.return_value if result else None
 
     @property
     def error(self) -> Optional[str]:
-        return (self._record().result or {}).get("error")
+        result = self._record().result_record()
+        return result.error if result else None
 
     @property
     def machines(self) -> Tuple[MachineRun, ...]:
@@ -178,8 +179,9 @@ class RegisteredJob:
             return _node_status_of(job_status.process_states(self._record(), node))
         if not job.final:
             return job
-        failure = (self._record().result or {}).get("failure")
-        if job == Status.Failed and failure is not None and failure.get("node_rank") != node:
+        result = self._record().result_record()
+        failure = result.failure if result else None
+        if job == Status.Failed and failure is not None and failure.node_rank != node:
             return Status.Stopped  # its ranks were stopped because another node's failed
         return job
 

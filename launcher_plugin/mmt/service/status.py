@@ -47,12 +47,13 @@ def refresh(record: JobRecord, registry: Registry) -> JobRecord:
 def summary_row(record: JobRecord) -> Tuple[Any, str]:
     """The summary line of an ended job and its metric's name, from its record (what `mmt wait` prints for a job
     that ended before)."""
-    result = record.result or {}
-    metric = metric_of(result.get("return_value"), result.get("summary_metric"))
-    note = "" if record.state == JobState.COMPLETED.value else first_line(result.get("error") or "")
-    row = SummaryRow(job=int(result.get("job", 0)), name=record.name, overrides=" ".join(record.overrides),
+    result = record.result_record()
+    metric = metric_of(result.return_value if result else None, result.summary_metric if result else None)
+    note = "" if record.state == JobState.COMPLETED.value else first_line((result.error if result else None) or "")
+    row = SummaryRow(job=result.job if result else 0, name=record.name, overrides=" ".join(record.overrides),
                      status=record.state, num_nodes=record.num_nodes, devices=record.devices,
-                     duration_s=result.get("duration_s"), metric=metric["value"], note=note.split(": ", 1)[-1])
+                     duration_s=result.duration_s if result else None, metric=metric["value"],
+                     note=note.split(": ", 1)[-1])
     return row, metric["name"]
 
 

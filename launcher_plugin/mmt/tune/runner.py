@@ -145,7 +145,7 @@ def entry(*, recipe: str, machine: str, precision: str, settings: TuneSettings, 
         "margin_cap": cap,
         "capped_by_max_micro": largest == settings.max_micro,
         # samples/s of each candidate that fits; why the others do not (oom, killed by ..., error, timeout)
-        "candidates": {t.micro: round(t.samples_per_s, 2) if t.fits else t.why.split(":")[0]
+        "candidates": {t.micro: round(t.samples_per_s or 0.0, 2) if t.fits else t.why.split(":")[0]
                        for t in sorted(trials, key=lambda t: t.micro)},
         "search": {"start": settings.start, "max_micro": settings.max_micro, "max_trials": settings.max_trials,
                    "resolution": settings.resolution, "margin": settings.margin, "tie": settings.tie,
@@ -171,7 +171,8 @@ def run(cfg: Any, workdir: Path, out: Any = sys.stdout) -> Dict[str, Any]:
 
     def section(key: str) -> Dict[str, Any]:
         node = OmegaConf.select(cfg, key, default=None)
-        return OmegaConf.to_container(node, resolve=True) if node is not None else {}
+        value = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+        return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
 
     batch, options, machine = section("batch"), section("tune"), section("machine")
     if not batch.get("recipe") or not (options.get("table") or batch.get("table")):

@@ -133,11 +133,11 @@ def confirm(run: Callable[[int], Trial], trials: List[Trial], settings: TuneSett
     """
     _, _, cap = choose(trials, settings)
     contenders = sorted((t for t in trials if t.fits and t.samples_per_s and t.micro <= cap),
-                        key=lambda t: -t.samples_per_s)[:settings.confirm_trials]
+                        key=lambda t: -(t.samples_per_s or 0.0))[:settings.confirm_trials]
     for first in contenders:
         again = run(first.micro)
         trials.remove(first)
-        if again.fits and again.samples_per_s:
+        if again.fits and again.samples_per_s and first.samples_per_s:
             trials.append(Trial(first.micro, True, samples_per_s=(first.samples_per_s + again.samples_per_s) / 2,
                                 seconds=first.seconds + again.seconds, peak_rss_mb=again.peak_rss_mb))
         else:
@@ -167,6 +167,6 @@ def choose(trials: List[Trial], settings: TuneSettings) -> Tuple[Optional[Trial]
     below = [t for t in fitting if t.micro <= cap]
     if not below:
         return None, largest, cap
-    best = max(t.samples_per_s for t in below)
-    fast = [t for t in below if t.samples_per_s >= best * (1 - settings.tie)]
+    best = max(t.samples_per_s or 0.0 for t in below)
+    fast = [t for t in below if (t.samples_per_s or 0.0) >= best * (1 - settings.tie)]
     return min(fast, key=lambda t: t.micro), largest, cap

@@ -23,7 +23,7 @@ import resource
 import signal
 import sys
 import traceback
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 OOM_EXIT = 3
 _PR_SET_PDEATHSIG = 1
@@ -44,9 +44,10 @@ def _limit_gpu_memory(budget_bytes: int) -> None:
 def _chain(exc: BaseException) -> List[BaseException]:
     """The exception and its causes (instantiate() wraps the recipe's error in its own)."""
     seen: List[BaseException] = []
-    while exc is not None and exc not in seen:
-        seen.append(exc)
-        exc = exc.__cause__ or exc.__context__
+    current: Optional[BaseException] = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
     return seen
 
 

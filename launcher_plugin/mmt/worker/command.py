@@ -12,6 +12,13 @@ re-parented to it instead of init, and it can find and stop every descendant:
 
 ``python``, ``torchrun`` and the venv's scripts in a command are the launcher's: its interpreter's directory is
 first on PATH (``mmt.planning.environment``).
+
+In a job with a framework (``hydra.launcher.framework``) the process also watches where its command listens: a
+TensorFlow worker on MASTER_PORT, or any process on a port mmt holds for another one, means the script replaced
+the TF_CONFIG or the ids mmt wrote (the Lightning guide's TF_CONFIG snippet does), and its workers would wait for
+each other until the time limit. The rank then fails at once, naming that (``mmt.core.rank_env.misplaced_listener``);
+and when its command fails by itself, it looks whether another process of the job on this host is misplaced, and
+names that instead of a bare exit code.
 """
 
 import os
@@ -19,11 +26,14 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, Optional, Set
+from typing import Any, Callable, Dict, Mapping, Optional, Set, Tuple
 
-from mmt.core import proctree
+from mmt.core import proctree, rank_env
+from mmt.core.ports import listening_ports
 
 _STRAGGLER_WAIT_S = 0.5
+# how often a framework job's process looks at where its command listens (a /proc scan of its own tree)
+GUARD_INTERVAL_S = 0.5
 
 
 def _signal_name(number: int) -> str:
@@ -45,6 +55,78 @@ class CommandFailedError(RuntimeError):
 
     def __reduce__(self):
         return (CommandFailedError, (self.command, self.returncode))
+
+
+class FrameworkAddressError(CommandFailedError):
+    """The command's framework listens where the contract does not put it: the one-line cause, and the status."""
+
+    def __init__(self, command: str, returncode: int, reason: str) -> None:
+        super().__init__(command, returncode)
+        self.reason = reason
+        self.args = (reason,)
+
+    def __reduce__(self):
+        return (FrameworkAddressError, (self.command, self.returncode, self.reason))
+
+
+def _environ(pid: int) -> Dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            pairs = [item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item]
+    except OSError:
+        return {}
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+class ListenerGuard:
+    """Where a framework job's processes listen, against the ports its contract (this process's) holds for each."""
+
+    def __init__(self, env: Mapping[str, str], index: int) -> None:
+        self.env, self.index = dict(env), index
+
+    @classmethod
+    def for_this_process(cls) -> Optional["ListenerGuard"]:
+        index = rank_env.process_index(os.environ)
+        if index is None or not rank_env.port_claims(os.environ):
+            return None  # no framework: nothing mmt holds for anyone but MASTER_PORT
+        return cls(os.environ, index)
+
+    def check_own(self) -> Optional[str]:
+        """Whether this process's command listens where it must not."""
+        found = listening_ports(proctree.family(os.getpid()))
+        return rank_env.misplaced_listener(self.env, {self.index: set().union(*found.values())} if found else {})
+
+    def check_job(self) -> Optional[str]:
+        """Whether another process of the job on this host listens where it must not (by the job's tag)."""
+        job_id = self.env.get(rank_env.MMT_JOB_ID)
+        if not job_id:
+            return None
+        by_index: Dict[int, Set[int]] = {}
+        for pid, ports in listening_ports(proctree.tagged({rank_env.MMT_JOB_ID: job_id})).items():
+            index = rank_env.process_index(_environ(pid))
+            if index is not None:
+                by_index.setdefault(index, set()).update(ports)
+        return rank_env.misplaced_listener(self.env, by_index)
+
+    @property
+    def name(self) -> str:
+        return f"{'TF worker' if self.env.get(rank_env.TF_CONFIG) else 'JAX process'} {self.index}"
+
+
+def _wait(process: "subprocess.Popen[bytes]", guard: Optional[ListenerGuard]) -> Tuple[int, Optional[str]]:
+    """The command's exit status, and why the guard stopped it (None: it ended by itself)."""
+    while True:
+        try:
+            return process.wait(timeout=GUARD_INTERVAL_S if guard is not None else None), None
+        except subprocess.TimeoutExpired:
+            reason = guard.check_own() if guard is not None else None
+            if reason is not None:  # stop the command, reaping nothing before Popen has its status
+                proctree.signal_all(proctree.descendants(os.getpid()), signal.SIGTERM)
+                try:
+                    return process.wait(timeout=_STRAGGLER_WAIT_S), reason
+                except subprocess.TimeoutExpired:
+                    proctree.signal_all(proctree.descendants(os.getpid()), signal.SIGKILL)
+                    return process.wait(), reason
 
 
 def stop_descendants(grace_s: float = _STRAGGLER_WAIT_S) -> Set[int]:
@@ -78,14 +160,22 @@ def command_task(command: str) -> Callable[[Any], Dict[str, Any]]:
         proctree.become_subreaper()
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         started = time.monotonic()
+        guard = ListenerGuard.for_this_process()
         try:
-            code = subprocess.run(["/bin/sh", "-c", command], env=os.environ.copy()).returncode
+            code, reason = _wait(subprocess.Popen(["/bin/sh", "-c", command], env=os.environ.copy()), guard)
         finally:
             left = stop_descendants()
             signal.signal(signal.SIGTERM, previous)
         if left:
             print(f"mmt: stopped {len(left)} process(es) the command left running: {sorted(left)}", file=sys.stderr,
                   flush=True)
+        if reason is None and code != 0 and guard is not None:
+            cause = guard.check_job()
+            if cause is not None:
+                reason = f"{guard.name}'s command exited with code {code} while {cause}"
+        if reason is not None:
+            print(f"mmt: {reason}", file=sys.stderr, flush=True)
+            raise FrameworkAddressError(command, code, reason)
         if code != 0:
             raise CommandFailedError(command, code)
         return {"seconds": round(time.monotonic() - started, 3), "exit_code": code}

@@ -14,11 +14,12 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 from mmt.core import preemption
 from mmt.core.jobdir import Attempt, write_atomic
 from mmt.records.payload import JobPayload, read_payload
+from mmt.records.schema import ErrorRecord
 from mmt.worker import guards
 from mmt.worker.command import CommandFailedError, command_task
 
@@ -116,19 +117,23 @@ def _first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
-def error_record(exc: BaseException) -> Dict[str, Any]:
+def error_record(exc: BaseException) -> ErrorRecord:
     """What a failed process reports: its root exception in one line, the traceback, a command's exit status."""
     root = exc
     while root.__cause__ is not None:  # name the original error, not a wrapper around it
         root = root.__cause__
     message = _first_line(str(root))
-    record: Dict[str, Any] = {
-        "exception": f"{type(root).__qualname__}: {message}" if message else type(root).__qualname__,
-        "traceback": "".join(traceback.format_exception(exc)),
-    }
-    if isinstance(exc, CommandFailedError):
-        record["exit_code"], record["signal"] = exc.exit_code, exc.signal
-    return record
+    exception = f"{type(root).__qualname__}: {message}" if message else type(root).__qualname__
+    trace = "".join(traceback.format_exception(exc))
+    if isinstance(exc, CommandFailedError):  # the command's own status, which says more than the process's
+        return ErrorRecord(exception=exception, traceback=trace, command=True, exit_code=exc.exit_code,
+                           signal=exc.signal)
+    return ErrorRecord(exception=exception, traceback=trace)
+
+
+def report_error(attempt: Attempt, index: int, exc: BaseException) -> None:
+    """``error.<index>.json``: process ``index`` failed with ``exc``."""
+    error_record(exc).write(attempt.error_file(index))
 
 
 def run(attempt: Attempt, index: int) -> int:
@@ -136,7 +141,7 @@ def run(attempt: Attempt, index: int) -> int:
     try:
         payload = read_payload(attempt)
     except BaseException as exc:  # an unreadable payload must still be reported, not just crash
-        attempt.write_error(index, error_record(exc))
+        report_error(attempt, index, exc)
         traceback.print_exc()
         return 1
 
@@ -168,7 +173,7 @@ def run(attempt: Attempt, index: int) -> int:
     if failed:
         error = ret._return_value
         print("".join(traceback.format_exception(error)), file=sys.stderr, end="")
-        attempt.write_error(index, error_record(error))
+        report_error(attempt, index, error)
         ret.return_value = None  # the exception travels as text: it may not be picklable
     if primary:
         _restore_output_subdir(ret, payload.config)
@@ -209,7 +214,7 @@ def main(argv: Optional[list] = None) -> int:
         return run(attempt, index)
     except Exception as exc:  # mmt's own failure around the task: reported like the task's
         traceback.print_exc()
-        attempt.write_error(index, error_record(exc))
+        report_error(attempt, index, exc)
         return 1
 
 

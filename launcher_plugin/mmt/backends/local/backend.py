@@ -70,6 +70,7 @@ class LocalJob(JobHandle):
     started: Optional[float] = None
     deadline: float = 0.0
     port: Optional[int] = None
+    framework_ports: List[int] = field(default_factory=list)  # held for TF_CONFIG's workers or JAX's coordinator
     gpus: List[str] = field(default_factory=list)
     pids: Dict[int, int] = field(default_factory=dict)  # process index -> pid
     running: set = field(default_factory=set)  # process indices not exited yet
@@ -205,9 +206,13 @@ class LocalBackend(Backend[LocalJob]):
             self.agent = AgentClient(self.settings.start_method)
         job.gpus = [self.free_gpus.pop(0) for _ in range(plan.world_size)] if plan.machine.gpus else []
         job.port = self.ports.reserve()
+        job.framework_ports = [self.ports.reserve() for _ in range(plan.framework_port_count)]
         job_dir = JobDir(Path(plan.job_dir))
         job_dir.logs.mkdir(parents=True, exist_ok=True)
-        rendezvous = Rendezvous(self.settings.master_addr, job.port)
+        # every simulated node is this host: one address for all, a port of its own for every framework worker
+        rendezvous = Rendezvous(self.settings.master_addr, job.port,
+                                node_addrs=(self.settings.master_addr,) * plan.num_nodes,
+                                framework_ports=tuple(job.framework_ports))
         cores_per_node = max(1, cpu_cores() // plan.num_nodes)  # simulated nodes share this host's cores
         specs = []
         for index, place in enumerate(plan.places()):
@@ -273,6 +278,9 @@ class LocalBackend(Backend[LocalJob]):
     def _conclude(self, job: LocalJob, outcome: JobOutcome) -> None:
         if job.port is not None:
             self.ports.release(job.port)
+        for port in job.framework_ports:
+            self.ports.release(port)
+        job.framework_ports = []
         self.free_gpus.extend(job.gpus)
         job.gpus = []
         job.state, job.outcome = outcome.status, outcome

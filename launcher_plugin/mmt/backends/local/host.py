@@ -1,7 +1,7 @@
 """Facts about this host the local backend needs: a port for each job, CPU cores, GPUs. No torch import (too slow).
 
 **MASTER_PORT without a race**: each job's port is held from the moment it is chosen until the job ends
-(``mmt.core.ports``).
+(``mmt.core.ports``); so is every port a job's framework needs (one per TensorFlow worker, JAX's coordinator).
 """
 
 import os
@@ -14,7 +14,7 @@ from mmt.core.ports import hold_port
 
 
 class PortReservations:
-    """A free TCP port per job, held until the job ends."""
+    """Free TCP ports for jobs (MASTER_PORT, the framework's), each held until released when its job ends."""
 
     def __init__(self, host: str) -> None:
         self.host = host

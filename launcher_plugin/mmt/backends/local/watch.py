@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Optional
 
 from mmt.backends.base import JobHandle, JobSnapshot, Submission, Watcher
-from mmt.core.jobdir import JobDir, read_json
+from mmt.core.jobdir import JobDir
 from mmt.core.states import JobState
-from mmt.records.outcome import JobOutcome, outcome_of_record
+from mmt.records.outcome import JobOutcome, outcome_of_record, read_result
 from mmt.records.ownership import lock_is_held
 from mmt.records.payload import read_plan
 from mmt.records.registry import JobRecord
@@ -36,8 +36,8 @@ class LocalWatcher(Watcher[WatchedLocalJob]):
         if handle.outcome is None:
             job_dir = JobDir(Path(handle.plan.job_dir))
             held = lock_is_held(job_dir.root)
-            result = read_json(job_dir.result)
-            if result is not None and result.get("attempt") == handle.attempt.id:
+            result = read_result(job_dir.root)
+            if result is not None and result.concludes(handle.attempt.id):
                 handle.outcome = outcome_of_record(result)
             elif not held:
                 handle.outcome = JobOutcome(

@@ -23,13 +23,15 @@ from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm import records
 from mmt.backends.slurm.sbatch import (SlurmSettings, job_name_for, python_command, render_script, sbatch_parameters,
                                          tasks_per_node)
-from mmt.backends.slurm.task import SlurmTask
+from mmt.backends.slurm.task import (FRAMEWORK_PORT_BASE, FRAMEWORK_PORT_SLOTS, FRAMEWORK_PORT_WINDOW,
+                                     SlurmTask)
 from mmt.core.errors import ConfigError
 from mmt.core.jobdir import Attempt, JobDir, make_private_dir
 from mmt.records.outcome import all_succeeded
 from mmt.planning.plan import JobPlan, Limits
 from mmt.records.payload import read_plan
 from mmt.records.registry import JobRecord, Registry
+from mmt.records.schema import OwnerRecord
 from omegaconf import DictConfig
 
 _TOOLS = ("sbatch", "squeue", "scancel", "scontrol")
@@ -126,12 +128,19 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
                       why="mmt's bound for one SLURM job; sbatch refuses what the cluster cannot run")
 
     def problems(self, plan: JobPlan) -> List[ConfigError]:
+        found = []
+        if plan.framework == "tensorflow" and plan.processes_per_node > FRAMEWORK_PORT_WINDOW:
+            found.append(ConfigError(
+                "hydra.launcher.framework", plan.framework, f"on SLURM each TensorFlow worker's port derives from "
+                f"the job id, from a window of {FRAMEWORK_PORT_WINDOW} per job: at most {FRAMEWORK_PORT_WINDOW} "
+                f"workers per node, not {plan.processes_per_node}", "use fewer devices per node and more nodes"))
         missing = [tool for tool in _TOOLS if shutil.which(tool) is None]
-        if not missing:
-            return []
-        return [ConfigError("cluster", "slurm", f"SLURM's commands are not on PATH ({', '.join(missing)} missing)",
-                            "run on a SLURM login node, or start the local test cluster: "
-                            "scripts/slurm_cluster.sh start && eval \"$(scripts/slurm_cluster.sh env)\"")]
+        if missing:
+            found.append(ConfigError(
+                "cluster", "slurm", f"SLURM's commands are not on PATH ({', '.join(missing)} missing)",
+                "run on a SLURM login node, or start the local test cluster: "
+                "scripts/slurm_cluster.sh start && eval \"$(scripts/slurm_cluster.sh env)\""))
+        return found
 
     def describe(self, plan: JobPlan) -> List[str]:
         attempt = JobDir(Path(plan.job_dir)).attempt("<attempt>")
@@ -142,11 +151,15 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         lines = [f"  backend    slurm: {tasks_per_node(plan, self.settings)} task(s) per node ({layout}); "
                  "MASTER_ADDR=<first node of the allocation>, MASTER_PORT=10000 + job id % 20000 (held by node 0)",
                  f"  srun       {srun}", "  sbatch script:"]
+        if plan.framework_port_count:
+            lines.insert(1, f"  framework  {plan.framework}: {plan.framework_port_count} port(s) = "
+                            f"{FRAMEWORK_PORT_BASE} + (job id % {FRAMEWORK_PORT_SLOTS}) x {FRAMEWORK_PORT_WINDOW} + "
+                            f"process % {FRAMEWORK_PORT_WINDOW}, each held by its node's agent")
         lines += [f"    | {line}" for line in script.rstrip().splitlines()]
         return lines + [f"  WARNING    {problem}" for problem in self.problems(plan)]
 
-    def owner_active(self, owner: Dict[str, Any]) -> bool:
-        job_id = owner.get("scheduler_id")
+    def owner_active(self, owner: OwnerRecord) -> bool:
+        job_id = owner.scheduler_id
         return bool(job_id) and queue.is_active(str(job_id)) is not False
 
     # ------------------------------------------------------------------------------------------ the interface

@@ -15,8 +15,9 @@ from typing import List, Optional
 
 from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm.sbatch import STARTED_VAR
-from mmt.core.jobdir import Attempt, read_json
+from mmt.core.jobdir import Attempt
 from mmt.records.outcome import read_primary_return, result_record, return_value_of, write_result
+from mmt.records.ownership import read_owner
 from mmt.records.payload import discard_payload, read_plan
 
 
@@ -36,8 +37,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     if attempt.requeued_file(restarts).exists():
         return 0  # requeued: the next run of the job concludes it
-    owner = read_json(attempt.job_dir.owner) or {}
-    if owner.get("attempt") != attempt.id:
+    owner = read_owner(attempt.job_dir.root)
+    if owner is None or owner.attempt != attempt.id:
         return 0  # a newer launch owns the job dir now
     plan = read_plan(attempt)
     started = float(os.environ.get(STARTED_VAR) or time.time())
@@ -49,8 +50,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                        time_limit_reached=terminated is not None and elapsed >= limit_s - 5,
                        batch_terminated_at=terminated)
     value = return_value_of(read_primary_return(attempt))
-    write_result(plan, result_record(plan, outcome, value, attempt.id,
-                                     timing={"started_at": started, "ended_at": time.time()}))
+    write_result(plan, result_record(plan, outcome, value, attempt.id, started_at=started, ended_at=time.time()))
     discard_payload(attempt)
     attempt.finalized.touch()
     print(f"mmt: job {plan.name} concluded inside the allocation: {outcome.status}", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Optional
 
 from mmt.backends.slurm import queue
 from mmt.backends.slurm.conclusion import conclude
@@ -14,6 +14,7 @@ from mmt.records.ownership import lock_is_held, read_owner
 from mmt.records.payload import UnsafePayloadError, discard_payload, read_plan
 from mmt.records.reconcile import conclude_orphan, own_result, request_stop, save
 from mmt.records.registry import JobRecord, Registry
+from mmt.records.schema import ResultRecord
 
 
 def refresh(record: JobRecord, registry: Registry) -> JobRecord:
@@ -36,7 +37,7 @@ def refresh(record: JobRecord, registry: Registry) -> JobRecord:
     return save(record, registry, state, result)
 
 
-def _conclude_ended(record: JobRecord, slurm_state: str) -> Optional[Dict[str, Any]]:
+def _conclude_ended(record: JobRecord, slurm_state: str) -> Optional[ResultRecord]:
     attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
     try:
         plan = read_plan(attempt)
@@ -44,7 +45,7 @@ def _conclude_ended(record: JobRecord, slurm_state: str) -> Optional[Dict[str, A
         return None
     outcome = conclude(plan, attempt, scheduler_id=str(record.scheduler_id), duration_s=None, slurm_state=slurm_state)
     value = return_value_of(read_primary_return(attempt))
-    result = result_record(plan, outcome, value, attempt.id, timing={"ended_at": time.time()})
+    result = result_record(plan, outcome, value, attempt.id, ended_at=time.time())
     try:
         write_result(plan, result)
     except OSError:
@@ -74,8 +75,10 @@ def _unsubmitted(record: JobRecord, registry: Registry) -> JobRecord:
 
 def _scheduler_id_in_owner(record: JobRecord) -> Optional[str]:
     """The id the launcher wrote into the job dir's owner.json right after sbatch, for this attempt."""
-    owner = read_owner(Path(record.job_dir)) or {}
-    return str(owner["scheduler_id"]) if owner.get("attempt") == record.attempt and owner.get("scheduler_id") else None
+    owner = read_owner(Path(record.job_dir))
+    if owner is None or owner.attempt != record.attempt or not owner.scheduler_id:
+        return None
+    return owner.scheduler_id
 
 
 def _scheduler_id_in_queue(record: JobRecord) -> Optional[str]:

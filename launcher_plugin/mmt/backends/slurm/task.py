@@ -16,7 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Mapping, Optional
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from mmt.core import preemption
 from mmt.agent.node import NodeRun
@@ -26,7 +26,7 @@ from mmt.core.jobdir import Attempt, JobDir
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.plan import JobPlan
 from mmt.core.ports import PortInUseError, hold_port
-from mmt.core.rank_env import MASTER_ADDR, MASTER_PORT
+from mmt.records.schema import ErrorRecord
 
 # SLURM variable -> the fact it gives
 SLURM_ENV = {
@@ -44,11 +44,47 @@ SLURM_ENV = {
 # MASTER_PORT = PORT_BASE + job id % PORT_SPAN: below Linux's ephemeral range (32768-60999), whose ports any
 # outgoing connection on the node may take
 PORT_BASE, PORT_SPAN = 10000, 20000
+# The framework's ports (one per TensorFlow worker, JAX's coordinator): from the rest of the range below the
+# ephemeral one, 30000-32767, in a window of FRAMEWORK_PORT_WINDOW ports per job id: process i of job j takes
+# 30000 + (j % 346) * 8 + i % 8. Neighbouring job ids get disjoint windows (ids 346 apart share one); within a job,
+# the processes of one host (at most 8 per host: a TensorFlow job with more devices per node is refused) get
+# distinct ports, and so does every process of a job of up to 8, which is what hosts that share one network
+# stack (the test cluster's nodes) need. Every node derives the same ports alone: no talk between nodes.
+FRAMEWORK_PORT_BASE, FRAMEWORK_PORT_WINDOW = 30000, 8
+FRAMEWORK_PORT_SLOTS = (32768 - FRAMEWORK_PORT_BASE) // FRAMEWORK_PORT_WINDOW
+
+
+def _job_number(job_id: str) -> int:
+    return int(re.sub(r"\D", "", job_id) or 0)
 
 
 def master_port(job_id: str) -> int:
     """A port every task of the job derives alike; different for concurrent jobs (ids differ)."""
-    return PORT_BASE + int(re.sub(r"\D", "", job_id) or 0) % PORT_SPAN
+    return PORT_BASE + _job_number(job_id) % PORT_SPAN
+
+
+def framework_port(job_id: str, index: int) -> int:
+    """The port of process ``index``'s framework server (TF_CONFIG), or JAX's coordinator (index 0)."""
+    slot = _job_number(job_id) % FRAMEWORK_PORT_SLOTS
+    return FRAMEWORK_PORT_BASE + slot * FRAMEWORK_PORT_WINDOW + index % FRAMEWORK_PORT_WINDOW
+
+
+def framework_ports(plan: JobPlan, job_id: str) -> Tuple[int, ...]:
+    return tuple(framework_port(job_id, index) for index in range(plan.framework_port_count))
+
+
+def _hold_or_report(port: int, name: str, attempt: Attempt, index: int, stack: contextlib.ExitStack) -> bool:
+    """Hold ``port`` until ``stack`` closes; a port another process holds already fails the job now, naming it
+    (an error record of process ``index``), instead of a rendezvous that waits for the time limit."""
+    try:
+        stack.enter_context(hold_port("", port))
+        return True
+    except PortInUseError as exc:
+        ErrorRecord(exception=f"PortInUseError: {name} {port} on {socket.gethostname()} is in use by another "
+                              "process (it derives from the SLURM job id). HINT: submit again: another job id gives "
+                              "another port",
+                    traceback=str(exc)).write(attempt.error_file(index))
+        return False
 
 
 @contextlib.contextmanager
@@ -57,31 +93,62 @@ def master_port_held(rendezvous: Rendezvous, attempt: Attempt, index: int, here:
     nothing on the node takes it while the ranks import and start (``mmt.core.ports``). A port another process holds
     already fails the job now, naming it (an error record of process ``index``; the block gets False), instead of
     rank 0 failing to bind it later or its peers waiting for a store that never comes."""
-    if not here:
-        yield True
-        return
-    try:
-        held = hold_port("", int(str(rendezvous.master_port)))
-    except PortInUseError as exc:
-        attempt.write_error(index, {
-            "exception": f"PortInUseError: MASTER_PORT {rendezvous.master_port} on {socket.gethostname()} is in use "
-                         "by another process (it derives from the SLURM job id). HINT: submit again: another job "
-                         "id gives another port",
-            "traceback": str(exc)})
-        yield False
-        return
-    with held:
-        yield True
+    with contextlib.ExitStack() as stack:
+        yield not here or _hold_or_report(int(str(rendezvous.master_port)), "MASTER_PORT", attempt, index, stack)
 
 
-def first_host(nodelist: str) -> str:
-    """node0 of the job: ``scontrol show hostnames`` expands SLURM's compressed lists (node[1-2,5])."""
+@contextlib.contextmanager
+def framework_ports_held(plan: JobPlan, rendezvous: Rendezvous, attempt: Attempt,
+                         indices: Sequence[int]) -> Iterator[bool]:
+    """For as long as the block runs, hold the framework ports of processes ``indices`` (those of this node, or
+    this rank's own task), as :func:`master_port_held` holds MASTER_PORT: TensorFlow's and JAX's servers bind them
+    while held (they set SO_REUSEADDR, as TCPStore does). The block gets False when one is in use already."""
+    def name(index: int) -> str:
+        return f"worker {index}'s TF_CONFIG port" if plan.framework == "tensorflow" else "JAX's coordinator port"
+
+    with contextlib.ExitStack() as stack:
+        yield all(_hold_or_report(int(str(rendezvous.framework_ports[i])), name(i), attempt, i, stack)
+                  for i in indices)
+
+
+def node_hosts(nodelist: str) -> List[str]:
+    """Every host of the allocation in node order: ``scontrol show hostnames`` expands SLURM's compressed lists
+    (node[1-2,5]); where scontrol cannot be run, :func:`expand_nodelist` does the same."""
     try:
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
                              timeout=30, check=True).stdout
-        return out.split()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return re.split(r"[\[,]", nodelist)[0]
+        hosts = out.split()
+        if hosts:
+            return hosts
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return expand_nodelist(nodelist)
+
+
+def expand_nodelist(nodelist: str) -> List[str]:
+    """SLURM's compressed host list, expanded: ``gpu[01-02,7],login1`` -> gpu01 gpu02 gpu7 login1 (ranges keep
+    their zero padding; several bracket groups in one name multiply out, as scontrol's do)."""
+    names: List[str] = []
+    for item in re.findall(r"(?:[^,\[]+|\[[^\]]*\])+", nodelist):
+        expanded = [""]
+        for literal, group in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", item):
+            options = [literal]
+            if group:
+                options = []
+                for part in group.split(","):
+                    low, _, high = part.partition("-")
+                    if high and low.isdigit() and high.isdigit():
+                        options += [literal + str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
+                    else:
+                        options.append(literal + part)
+            expanded = [head + tail for head in expanded for tail in options]
+        names += [name for name in expanded if name]
+    return names
+
+
+def first_host(nodelist: str) -> str:
+    """node0 of the job."""
+    return node_hosts(nodelist)[0]
 
 
 def node_cores(cpus_on_node: Optional[str]) -> int:
@@ -114,9 +181,16 @@ class SlurmTask:
     # the values of plan.env_from (the pickle submitit keeps is the owner's only)
     copied_env: Dict[str, str] = field(repr=False, default_factory=dict)
 
+    def _rendezvous(self, facts: Mapping[str, str]) -> Rendezvous:
+        """Node 0's address and MASTER_PORT, every node's address (the allocation's hosts, in node order) and the
+        framework's ports: the same in every task, derived from SLURM's facts alone."""
+        hosts = node_hosts(facts["nodelist"])
+        return Rendezvous(hosts[0], master_port(facts["job_id"]), node_addrs=tuple(hosts[:self.plan.num_nodes]),
+                          framework_ports=framework_ports(self.plan, facts["job_id"]))
+
     def _env(self, facts: Dict[str, str], index: int, keep: Mapping[str, str],
              rendezvous: Optional[Rendezvous] = None) -> Dict[str, str]:
-        rendezvous = rendezvous or Rendezvous(first_host(facts["nodelist"]), master_port(facts["job_id"]))
+        rendezvous = rendezvous or self._rendezvous(facts)
         env = process_env(self.plan, self.plan.place(index), rendezvous=rendezvous, inherited=os.environ,
                           copied=self.copied_env, cores_per_node=node_cores(facts.get("cpus_on_node")),
                           python=PythonEnvironment.current() if self.plan.image is None else None, keep=keep)
@@ -140,9 +214,11 @@ class SlurmTask:
     def _run_node(self, facts: Dict[str, str], node: int) -> int:
         job_dir = JobDir(Path(self.plan.job_dir))
         job_dir.logs.mkdir(parents=True, exist_ok=True)
-        rendezvous = Rendezvous(first_host(facts["nodelist"]), master_port(facts["job_id"]))  # once per node
-        with master_port_held(rendezvous, self.attempt, self.plan.node_indices(node)[0], here=node == 0) as held:
-            return self._run_agent(facts, node, rendezvous, job_dir) if held else 1
+        rendezvous = self._rendezvous(facts)  # once per node
+        with master_port_held(rendezvous, self.attempt, self.plan.node_indices(node)[0], here=node == 0) as held, \
+                framework_ports_held(self.plan, rendezvous, self.attempt,
+                                     self.plan.framework_port_indices(node) if held else []) as also:
+            return self._run_agent(facts, node, rendezvous, job_dir) if held and also else 1
 
     def _run_agent(self, facts: Dict[str, str], node: int, rendezvous: Rendezvous, job_dir: JobDir) -> int:
         specs = []
@@ -165,7 +241,8 @@ class SlurmTask:
         # against them (a per-node command starts its own ranks: Lightning would refuse --ntasks-per-node=1)
         keep = {} if self.plan.per_node else {k: v for k, v in os.environ.items()
                                               if k.startswith(("SLURM_", "SLURMD_"))}
-        env = self._env(facts, index, keep)
+        rendezvous = self._rendezvous(facts)
+        env = self._env(facts, index, keep, rendezvous)
         os.environ.clear()
         os.environ.update(env)
         log = JobDir(Path(self.plan.job_dir)).log(place.node_rank, place.rank, self.plan.per_node)
@@ -173,9 +250,10 @@ class SlurmTask:
         from mmt.worker import main as worker
 
         self.attempt.clear_process(index)
-        rendezvous = Rendezvous(env[MASTER_ADDR], int(env[MASTER_PORT]))
-        with master_port_held(rendezvous, self.attempt, index, here=index == 0) as held:
-            return worker.run(self.attempt, index) if held else 1
+        own = [i for i in self.plan.framework_port_indices(place.node_rank) if i == index]
+        with master_port_held(rendezvous, self.attempt, index, here=index == 0) as held, \
+                framework_ports_held(self.plan, rendezvous, self.attempt, own if held else []) as also:
+            return worker.run(self.attempt, index) if held and also else 1
 
 
 def _redirect_output(log: Path) -> None:
