@@ -14,13 +14,10 @@ import enum
 from typing import Any, Dict, List, Optional, Union
 
 from mmt.core.errors import ConfigError
-from mmt.planning.machine import canonical_name, catalogue_names
 from mmt.service.handle import RegisteredJob, Status  # noqa: F401  (Status: `from mmt import Status`, Lightning's states)
+from mmt.service.machines import Machine  # noqa: F401  (`from mmt import Machine`: Lightning's machine types)
 from mmt.records.registry import Registry
-from mmt.service.submit import RunSpec, run
-
-#: Lightning's machine types in mmt's catalogue: ``Machine.T4``, ``Machine.A100_X_8`` ... (values: catalogue names)
-Machine = enum.Enum("Machine", {name.upper(): name for name in catalogue_names()}, type=str)  # type: ignore[misc]
+from mmt.service.submit import RunSpec, max_runtime_s, run
 
 
 # Lightning's parameters that have no meaning here, and what to use instead
@@ -30,6 +27,7 @@ LIGHTNING_ONLY = {
     "org": "there are no organisations: jobs are this user's",
     "user": "there are no organisations: jobs are this user's",
     "cloud": "pick the cluster with cluster='local' | 'slurm' | <your site config>",
+    "cloud_account": "mmt runs on this host or on SLURM: use cluster='local' | 'slurm' | <your site config>",
     "interruptible": "preemption is SLURM's: mmt requeues on its signal (hydra.launcher.max_requeues)",
     "image_credentials": "the cluster's container runtime pulls images with its own credentials",
     "cloud_account_auth": "the cluster's container runtime pulls images with its own credentials",
@@ -43,12 +41,32 @@ LIGHTNING_ONLY = {
     "scratch_disks": "use the cluster's own scratch space",
 }
 
+# Lightning's defaults for them: given explicitly, they ask for what mmt does anyway (a non-interruptible machine,
+# the command under sh -c, one run attempt, no credentials), so they are accepted, as None and empty values are
+LIGHTNING_DEFAULTS: Dict[str, Any] = {"interruptible": False, "cloud_account_auth": False, "reuse_snapshot": True,
+                                      "entrypoint": "sh -c", "max_run_attempts": 1}
 
-def _refuse_lightning_only(options: Dict[str, Any]) -> None:
+# what Job.run takes besides Lightning's parameters (for the message about an unknown one)
+_OWN = ("name", "machine", "command", "image", "env", "num_machines", "cluster", "devices", "command_mode",
+        "max_runtime", "env_from", "overrides")
+
+
+def _means_nothing(key: str, value: Any) -> bool:
+    if value is None or (isinstance(value, (list, tuple, dict, set)) and not value):
+        return True
+    default = LIGHTNING_DEFAULTS.get(key, None)
+    return default is not None and type(value) is type(default) and value == default
+
+
+def _refuse_lightning_only(options: Dict[str, Any], where: str = "Job.run") -> None:
     for key, value in options.items():
         if key in LIGHTNING_ONLY:
+            if _means_nothing(key, value):
+                continue
             raise ConfigError(key, value, "a Lightning AI parameter that mmt does not have", LIGHTNING_ONLY[key])
-        raise TypeError(f"unexpected argument {key!r}")
+        raise TypeError(f"{where}() got an unexpected keyword argument {key!r} (mmt's: {', '.join(_OWN)}; "
+                        f"Lightning's, each refused with mmt's equivalent unless given its default: "
+                        f"{', '.join(LIGHTNING_ONLY)})")
 
 
 class Job(RegisteredJob):
@@ -57,23 +75,29 @@ class Job(RegisteredJob):
     # ------------------------------------------------------------------------------------------ submitting
 
     @classmethod
-    def run(cls, command: str, name: Optional[str] = None, num_machines: int = 1,
-            machine: Union[str, "enum.Enum"] = "cpu", image: Optional[str] = None,
-            env: Optional[Dict[str, str]] = None, cluster: str = "local", devices: Optional[int] = None,
-            command_mode: str = "per_node", max_runtime: Optional[float] = None,
+    def run(cls, name: Optional[str] = None, machine: Union[str, "enum.Enum"] = "cpu", cloud: Optional[str] = None,
+            command: Optional[str] = None, studio: Any = None, image: Optional[str] = None, teamspace: Any = None,
+            org: Any = None, user: Any = None, env: Optional[Dict[str, str]] = None, interruptible: bool = False, *,
+            num_machines: int = 1, cluster: str = "local", devices: Optional[int] = None,
+            command_mode: str = "per_node", max_runtime: Union[None, int, float, str] = None,
             env_from: Optional[List[str]] = None, overrides: Optional[List[str]] = None, **lightning: Any) -> "Job":
         """Submit ``command`` on ``num_machines`` nodes of ``machine`` and return at once.
 
-        ``max_runtime``: seconds (Lightning's name) before the job is stopped; ``devices``: processes per node;
-        ``env_from``: names of variables copied from this process's environment (secrets never pass through
-        arguments or files); ``overrides``: more Hydra overrides, e.g. site settings.
+        The positional parameters are Lightning's, in Lightning's order (``Job.run(name, machine, cloud, command,
+        ...)``). ``max_runtime``: seconds (Lightning's), or a duration such as "90m", "1h30m", "3600s", before the job
+        is stopped; ``devices``: processes per node; ``env_from``: names of variables copied from this process's
+        environment (secrets never pass through arguments or files); ``overrides``: more Hydra overrides, e.g. site
+        settings. Lightning's parameters that mean nothing here are accepted with their defaults (None,
+        ``interruptible=False`` ...) and refused otherwise, each with mmt's equivalent.
         """
-        _refuse_lightning_only(lightning)
-        spec = RunSpec(command=command, name=name, num_machines=num_machines,
-                       machine=canonical_name(machine.value if isinstance(machine, enum.Enum) else str(machine)),
+        _refuse_lightning_only({"cloud": cloud, "studio": studio, "teamspace": teamspace, "org": org, "user": user,
+                                "interruptible": interruptible, **lightning}, f"{cls.__name__}.run")
+        seconds = max_runtime_s("max_runtime", max_runtime) if max_runtime is not None else None
+        spec = RunSpec(command=command, name=name, num_machines=num_machines,  # type: ignore[arg-type]
+                       machine=str(machine.value if isinstance(machine, enum.Enum) else machine),
                        image=image, env={k: str(v) for k, v in (env or {}).items()}, env_from=list(env_from or []),
                        cluster=cluster, devices=devices, command_mode=command_mode,
-                       timeout_min=max_runtime / 60.0 if max_runtime is not None else None,
+                       timeout_min=seconds / 60.0 if seconds is not None else None,
                        overrides=list(overrides or []), detach=True)
         [submitted] = run(spec)
         return cls(submitted.plan.name)
@@ -86,14 +110,18 @@ class Job(RegisteredJob):
         return cls(name, registry)
 
 
-
 class MMT(Job):
     """Multi-machine training (Lightning's ``MMT``): a Job of at least two machines."""
 
     @classmethod
-    def run(cls, command: str, name: Optional[str] = None, num_machines: int = 2, **options: Any) -> "Job":
-        if num_machines < 2:
+    def run(cls, name: Optional[str] = None, num_machines: int = 2,  # type: ignore[override]
+            machine: Union[str, "enum.Enum"] = "cpu", cloud: Optional[str] = None, command: Optional[str] = None,
+            studio: Any = None, image: Optional[str] = None, teamspace: Any = None, org: Any = None, user: Any = None,
+            env: Optional[Dict[str, str]] = None, interruptible: bool = False, **options: Any) -> "Job":
+        """Lightning's ``MMT.run``, its parameters in its order (``MMT.run(name, num_machines, machine, cloud,
+        command, ...)``)."""
+        if isinstance(num_machines, int) and not isinstance(num_machines, bool) and num_machines < 2:
             raise ConfigError("num_machines", num_machines, "Multi-Machine training cannot be run with less than "
                               "2 Machines", "use Job.run for one machine")
-        return Job.run(command=command, name=name, num_machines=num_machines, **options)
-
+        return Job.run(name, machine, cloud, command, studio, image, teamspace, org, user, env, interruptible,
+                       num_machines=num_machines, **options)

@@ -72,9 +72,19 @@ def _one_job(sweep: Path, done: subprocess.CompletedProcess) -> Path:
 
 
 def _trains_keras(sweep: Path, tag: str, *where: str, num_nodes: int, devices: int) -> None:
-    done = run_app(_command(EXAMPLES / "keras_mwms.py"), "command_mode=per_rank", f"num_nodes={num_nodes}",
-                   f"devices={devices}", "hydra.launcher.framework=tensorflow", LEGACY_KERAS, *TF_LIMIT, *where,
-                   sweep_dir=sweep, tag=tag, timeout=420)
+    done = run_app(
+        _command(EXAMPLES / "keras_mwms.py"),
+        "command_mode=per_rank",
+        f"num_nodes={num_nodes}",
+        f"devices={devices}",
+        "hydra.launcher.framework=tensorflow",
+        LEGACY_KERAS,
+        *TF_LIMIT,
+        *where,
+        sweep_dir=sweep,
+        tag=tag,
+        timeout=420,
+    )
     job = _one_job(sweep, done)
     world = num_nodes * devices
     # every worker finished, in one world, and the strategy kept their weights equal
@@ -95,13 +105,23 @@ def test_keras_trains_with_multi_worker_mirrored_strategy_on_slurm(tensorflow, s
     _trains_keras(tmp_path, tag, "cluster=slurm", num_nodes=2, devices=1)
 
 
-def test_the_guides_tf_config_snippet_fails_fast_naming_the_cause(tensorflow, tmp_path, tag):
+def _snippet_fails_fast(sweep: Path, tag: str, *where: str) -> None:
     """The guide's snippet lists MASTER_ADDR:MASTER_PORT once per worker: every worker claims rank 0's address. The
     job must fail within seconds of TensorFlow starting, saying so, not wait for its time limit."""
-    done = run_app(_command(EXAMPLES / "seed_tf_config.py"), "command_mode=per_rank", "num_nodes=2", "devices=1",
-                   "hydra.launcher.framework=tensorflow", *TF_LIMIT, sweep_dir=tmp_path, tag=tag, timeout=420)
+    done = run_app(
+        _command(EXAMPLES / "seed_tf_config.py"),
+        "command_mode=per_rank",
+        "num_nodes=2",
+        "devices=1",
+        "hydra.launcher.framework=tensorflow",
+        *TF_LIMIT,
+        *where,
+        sweep_dir=sweep,
+        tag=tag,
+        timeout=420,
+    )
     assert done.returncode != 0
-    [result] = results(tmp_path)
+    [result] = results(sweep)
     assert result["status"] == "FAILED", result
     said = result["failure"]["exception"]
     assert said.startswith("FrameworkAddressError: TF worker ") and "MASTER_PORT" in said, said
@@ -111,20 +131,38 @@ def test_the_guides_tf_config_snippet_fails_fast_naming_the_cause(tensorflow, tm
     assert result["duration_s"] < 120, result["duration_s"]  # the time limit is 300 s
 
 
+def test_the_guides_tf_config_snippet_fails_fast_naming_the_cause(tensorflow, tmp_path, tag):
+    _snippet_fails_fast(tmp_path, tag)
+
+
+def test_the_guides_tf_config_snippet_fails_fast_naming_the_cause_on_slurm(tensorflow, slurm_cluster, tmp_path, tag):
+    _snippet_fails_fast(tmp_path, tag, "cluster=slurm")
+
+
 # ------------------------------------------------------------------------------------------------ JAX
 
 
 def _psum(sweep: Path, tag: str, *where: str, num_nodes: int, devices: int) -> None:
-    done = run_app(_command(EXAMPLES / "jax_psum.py"), "command_mode=per_rank", f"num_nodes={num_nodes}",
-                   f"devices={devices}", "hydra.launcher.framework=jax", "hydra.launcher.timeout_min=5", *where,
-                   sweep_dir=sweep, tag=tag, timeout=300)
+    done = run_app(
+        _command(EXAMPLES / "jax_psum.py"),
+        "command_mode=per_rank",
+        f"num_nodes={num_nodes}",
+        f"devices={devices}",
+        "hydra.launcher.framework=jax",
+        "hydra.launcher.timeout_min=5",
+        *where,
+        sweep_dir=sweep,
+        tag=tag,
+        timeout=300,
+    )
     job = _one_job(sweep, done)
     world = num_nodes * devices
     said = re.findall(r"process (\d+) of (\d+): psum ([\d.]+) expected ([\d.]+) devices (\d+) ok=(\w+)", _logs(job))
     assert sorted(int(s[0]) for s in said) == list(range(world)), _logs(job)[-3000:]
     # every process put in its index + 1: the sum over all of them, seen by every one
     assert {(int(n), float(got), int(devs)) for _, n, got, _, devs, _ in said} == {
-        (world, world * (world + 1) / 2, world)}
+        (world, world * (world + 1) / 2, world)
+    }
 
 
 def test_jax_psum_across_processes_two_by_two_locally(jax, tmp_path, tag):
@@ -146,15 +184,29 @@ def optimized(tmp_path_factory) -> Path:
     if importlib.util.find_spec("litdata") is None:
         return Path("/nonexistent")  # the test's own litdata fixture skips (or fails) first
     data = tmp_path_factory.mktemp("litdata") / "optimized"
-    made = subprocess.run([PY, str(EXAMPLES / "litdata_stream.py"), "--make", str(data), str(ITEMS)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    made = subprocess.run(
+        [PY, str(EXAMPLES / "litdata_stream.py"), "--make", str(data), str(ITEMS)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert made.returncode == 0 and (data / "index.json").exists(), made.stdout[-2000:] + made.stderr[-2000:]
     return data
 
 
 def _shards(sweep: Path, tag: str, data: Path, *where: str) -> None:
-    done = run_app(_command(EXAMPLES / "litdata_stream.py", str(data)), "command_mode=per_rank", "num_nodes=2",
-                   "devices=2", "hydra.launcher.timeout_min=5", *where, sweep_dir=sweep, tag=tag, timeout=300)
+    done = run_app(
+        _command(EXAMPLES / "litdata_stream.py", str(data)),
+        "command_mode=per_rank",
+        "num_nodes=2",
+        "devices=2",
+        "hydra.launcher.timeout_min=5",
+        *where,
+        sweep_dir=sweep,
+        tag=tag,
+        timeout=300,
+    )
     job = _one_job(sweep, done)
     text = _logs(job)
     ranks: Dict[int, dict] = {}
@@ -175,8 +227,7 @@ def test_litdata_ranks_stream_disjoint_shards_of_every_item_locally(litdata, opt
     _shards(tmp_path, tag, optimized)
 
 
-def test_litdata_ranks_stream_disjoint_shards_of_every_item_on_slurm(litdata, optimized, slurm_cluster, tmp_path,
-                                                                     tag):
+def test_litdata_ranks_stream_disjoint_shards_of_every_item_on_slurm(litdata, optimized, slurm_cluster, tmp_path, tag):
     _shards(tmp_path, tag, optimized, "cluster=slurm")
 
 
@@ -199,8 +250,17 @@ with open(os.path.join(os.environ["MMT_JOB_DIR"], "addr.%d.json" % out["rank"]),
 def _addresses(sweep: Path, tag: str, *where: str) -> List[dict]:
     probe = sweep.parent / "probe.py"
     probe.write_text(PROBE)
-    done = run_app(_command(probe), "command_mode=per_rank", "num_nodes=2", "devices=2",
-                   "hydra.launcher.framework=tensorflow", *where, sweep_dir=sweep, tag=tag, timeout=240)
+    done = run_app(
+        _command(probe),
+        "command_mode=per_rank",
+        "num_nodes=2",
+        "devices=2",
+        "hydra.launcher.framework=tensorflow",
+        *where,
+        sweep_dir=sweep,
+        tag=tag,
+        timeout=240,
+    )
     job = _one_job(sweep, done)
     seen = [json.loads((job / f"addr.{rank}.json").read_text()) for rank in range(4)]
     for rank, got in enumerate(seen):
@@ -231,3 +291,87 @@ def test_every_node_address_in_node_order_on_slurm(slurm_cluster, tmp_path, tag)
     resolved = seen[0]["resolved"]
     assert resolved == ["127.0.1.1", "127.0.1.2"] and len(set(resolved)) == 2  # distinct host addresses
     assert all(got["resolved"] == resolved for got in seen)
+
+
+# ------------------------------------------------------------------------------------------------ the guard
+
+LISTEN_ON = """\
+import socket, sys, time
+sock = socket.socket()
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind(("127.0.0.1", int(sys.argv[1])))
+sock.listen()
+print("listening", flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_guard_finds_a_misplaced_server_in_its_own_tree_and_in_another_rank_of_the_job(tmp_path):
+    """What a framework job's process reads from /proc: where its own command listens, and (when its command has
+    failed) where the job's other processes on this host listen, found by the job's tag (no framework needed)."""
+    import socket
+
+    from mmt.core.ports import hold_port
+    from mmt.planning.environment import Rendezvous, process_env
+    from mmt.planning.machine import UNSPECIFIED_MACHINE
+    from mmt.planning.plan import JobPlan
+    from mmt.worker.command import ListenerGuard
+
+    job_id = f"guard-{os.getpid()}"
+    plan = JobPlan(
+        num=0,
+        name="g-0",
+        job_id=job_id,
+        overrides=(),
+        job_dir=str(tmp_path),
+        num_nodes=2,
+        devices=1,
+        machine=UNSPECIFIED_MACHINE,
+        image=None,
+        command="x",
+        command_mode="per_rank",
+        env={},
+        timeout_s=60.0,
+        framework="tensorflow",
+    )
+    held = [hold_port("127.0.0.1") for _ in range(3)]  # MASTER_PORT and a port for each worker, as mmt holds them
+    ports = [sock.getsockname()[1] for sock in held]
+    rendezvous = Rendezvous("127.0.0.1", ports[0], node_addrs=("127.0.0.1",) * 2, framework_ports=tuple(ports[1:]))
+    envs = [
+        process_env(
+            plan,
+            plan.place(i),
+            rendezvous=rendezvous,
+            inherited=dict(os.environ),
+            copied={},
+            cores_per_node=1,
+            python=None,
+        )
+        for i in range(2)
+    ]
+    assert ListenerGuard(envs[1], 1).check_own() is None  # nothing of this process's listens anywhere claimed
+    # "rank 0" runs the guide's snippet: its TensorFlow server listens on MASTER_PORT
+    rank0 = subprocess.Popen([PY, "-c", LISTEN_ON, str(ports[0])], env=envs[0], stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank0.stdout.readline().strip() == "listening"
+        said = ListenerGuard(envs[1], 1).check_job()  # rank 1, its own command failed: who else is misplaced?
+        assert said is not None and said.startswith(
+            f"TF worker 0 listens on MASTER_PORT {ports[0]} instead of its own port {ports[1]}"
+        ), said
+        rank0.kill()
+        rank0.wait()
+        # listening on its own TF_CONFIG port is fine; on another worker's, it is named
+        with socket.socket() as mine:
+            mine.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            mine.bind(("127.0.0.1", ports[2]))
+            mine.listen()
+            assert ListenerGuard(envs[1], 1).check_own() is None
+            said = ListenerGuard(envs[0], 0).check_own()
+            assert said is not None and said.startswith(
+                f"TF worker 0 listens on port {ports[2]}, which mmt holds for TF worker 1's own port"
+            ), said
+    finally:
+        rank0.kill()
+        rank0.wait()
+        for sock in held:
+            sock.close()

@@ -89,8 +89,8 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path, tag):
     # the first 16 ranks and the last 2, with the count of those between
     for rank in (*range(16), 62, 63):
         node, local = divmod(rank, 8)
-        assert re.search(rf"^  rank {rank} +GROUP_RANK={node} LOCAL_RANK={local} NODE_RANK={node} RANK={rank}$",
-                         out, re.M), rank
+        assert re.search(rf"^  rank {rank} +GLOBAL_RANK={rank} GROUP_RANK={node} LOCAL_RANK={local} "
+                         rf"MMT_NODE_ADDR=<node{node}> NODE_RANK={node} RANK={rank}$", out, re.M), rank
     assert "  ...        46 more ranks" in out and "rank 16 " not in out
     assert "WARNING    Invalid machine='h100_x_8'" in out  # this host has no GPUs: said, not started
     assert job_dirs(tmp_path) == []

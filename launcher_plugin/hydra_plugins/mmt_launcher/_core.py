@@ -192,6 +192,10 @@ def _detach(config: DictConfig, jobs: List[prepare.HydraJob], backend: Backend[A
         raise ConfigError("hydra.launcher.detach", True, f"the sweeper {sweeper} decides its next trials from the "
                           "jobs' return values, and a detached launch returns before any job has one",
                           "run it attached (detach=false); the basic sweeper's grid can be detached")
+    if OmegaConf.select(config, "hydra.launcher.dashboard"):
+        raise ConfigError("hydra.launcher.dashboard", True, "the live page lasts as long as an attached launch, and a "
+                          "detached one returns at once", "leave it out, and run `mmt dashboard` when you want the "
+                          "page: it shows every registered job")
     from mmt.sdk import Job  # the handles returned; the SDK loads only for a detached launch
 
     submitted = prepare.detached_submit([job.prepared for job in jobs], backend, options)

@@ -38,7 +38,10 @@ class MMTLauncher(Launcher):
         prepare.check_sweep_dir(config)
         prepare.keep_composed_jobs(hydra_context)  # the sweeper composes each job to check it; launch() reuses it
         self.backend = prepare.make_backend(config.hydra.launcher)
-        prepare.refuse_sweep_in_use(config, self.backend)  # before the sweeper writes the sweep's record
+        # the sweep dir is this launch's from here on, before the sweeper writes the sweep's record (multirun.yaml):
+        # of two launches into one sweep dir, the second is refused now, whatever the timing
+        sweep = prepare.claim_sweep(config, self.backend)
+        weakref.finalize(self, sweep.release)
         # the agent lives as long as this launcher: every batch of the sweep, then it goes (at the latest, with the
         # process; an app that launches in-process again gets a new launcher and a new agent)
         weakref.finalize(self, self.backend.close)

@@ -6,7 +6,9 @@ The same rules on every backend (the local host agent runs every node of a job; 
 * stopping is SIGTERM to every process group, SIGKILL after ``kill_grace_s``;
 * when the last process has exited, whatever the job left running (a background child, a daemon in a session of
   its own) is found by the ``MMT_JOB_ID`` it inherited and stopped the same way, so the job is only over when every
-  process it started is gone.
+  process it started is gone. One that also dropped the tag (``env -u MMT_JOB_ID``, ``env -i``) is found all the
+  same: every descendant of the job's processes is noted while they run (:meth:`JobProcesses.observe`), and one
+  still there when the job stops (adopted by the agent, a subreaper, once its parent died) is stopped with it.
 
 Every exit is recorded in the job's attempt dir (``exit.<i>.json``): that is how a failure on another node is
 attributed, and how a process killed outright (SIGKILL, the OOM killer) is told from one mmt stopped.
@@ -15,7 +17,7 @@ attributed, and how a process killed outright (SIGKILL, the OOM killer) is told 
 import signal
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, Iterable, List, Optional
 
 from mmt.core import proctree
 from mmt.core.jobdir import Attempt
@@ -42,6 +44,9 @@ class JobProcesses:
         self.first_failure: Optional[Process] = None
         self._sweep_deadline: Optional[float] = None
         self.ended = False
+        # every descendant of the job's processes seen so far (pid -> start time), and when to look again
+        self._seen: Dict[int, int] = {}
+        self._next_look = 0.0
 
     # --------------------------------------------------------------------------------------------- events
 
@@ -67,15 +72,45 @@ class JobProcesses:
             self.stop()
         return process
 
+    def observe(self) -> None:
+        """Note the descendants of the job's processes (at most every 0.2 s, less often for a big job): one that
+        leaves the job's process group and session and drops its tag is still known to be the job's once its parent
+        is gone (adopted by the agent, a subreaper: its ancestry says nothing any more)."""
+        now = time.monotonic()
+        if now < self._next_look:
+            return
+        running = self.running
+        self._next_look = now + max(0.2, 0.002 * len(running))
+        # the same processes only: a pid reused since belongs to someone else, and so does what descends from it
+        self._seen = {pid: start for pid, start in self._seen.items() if proctree.start_time(pid) == start}
+        found = set()
+        for pid in [p.pid for p in running] + [pid for pid in self._seen]:
+            if pid not in found:
+                found.update(proctree.family(pid))
+        for pid in found:
+            if pid not in self.by_pid and pid not in self._seen:
+                started = proctree.start_time(pid)
+                if started is not None:
+                    self._seen[pid] = started
+
+    def _left_behind(self, exclude: Iterable[int] = ()) -> List[int]:
+        """What the job left that is still there: processes with its tags, and the descendants seen (the same
+        processes: a pid reused since is not ours) that are neither."""
+        skip = set(exclude)
+        left = proctree.tagged(self.tags, exclude=skip | set(self.by_pid))
+        self._seen = {pid: start for pid, start in self._seen.items() if proctree.start_time(pid) == start}
+        return left + [pid for pid in self._seen if pid not in skip and pid not in left]
+
     def stop(self) -> None:
         if self.stopping_since is not None:
             return
+        self.observe()  # what the processes started since the last look
         self.stopping_since = time.monotonic()
         for process in self.running:
             process.stopped = True
             proctree.signal_group(process.pid, signal.SIGTERM)
         # processes that left the group (setsid) hear it now too, not after the ranks are gone
-        proctree.signal_all(proctree.tagged(self.tags, exclude=self.by_pid), signal.SIGTERM)
+        proctree.signal_all(self._left_behind(), signal.SIGTERM)
 
     def tick(self) -> None:
         """Escalate to SIGKILL after the grace; once every process exited, sweep what the job left behind."""
@@ -84,12 +119,16 @@ class JobProcesses:
             self.killed = True
             for process in self.running:
                 proctree.signal_group(process.pid, signal.SIGKILL)
-            proctree.signal_all(proctree.tagged(self.tags, exclude=self.by_pid), signal.SIGKILL)
-        if self.ended or self.running:
+            proctree.signal_all(self._left_behind(), signal.SIGKILL)
+        if self.ended:
             return
-        # every process exited: what it left behind (in its group, or anywhere with the job's tags) goes too
+        if self.running:
+            self.observe()
+            return
+        # every process exited: what it left behind (in its group, anywhere with the job's tags, or seen descending
+        # from it) goes too
         groups = [p.pid for p in self.by_pid.values() if proctree.group_alive(p.pid)]
-        left = proctree.tagged(self.tags)
+        left = self._left_behind()
         if not groups and not left:
             self.ended = True
             return
@@ -122,4 +161,4 @@ class JobProcesses:
         self.killed = True
         for process in self.by_pid.values():
             proctree.signal_group(process.pid, signal.SIGKILL)
-        proctree.signal_all(proctree.tagged(self.tags), signal.SIGKILL)
+        proctree.signal_all(self._left_behind(), signal.SIGKILL)

@@ -9,13 +9,17 @@ Every process runs in a session of its own (its own process group, immune to the
 agent (parent-death signal), and writes its stdout and stderr to its log file in the job dir.
 """
 
+import errno
 import os
 import signal
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, Iterable, Set
 
 from mmt.core import proctree
+from mmt.core.jobdir import Attempt, open_for_append
+from mmt.records.schema import ErrorRecord
 
 # what every worker imports anyway, so a forked rank finds it loaded (cheap next to torch)
 WORKER_MODULES = ("omegaconf", "cloudpickle", "hydra.core.utils", "mmt.worker.main")
@@ -81,6 +85,17 @@ def _warn(text: str) -> None:
         pass
 
 
+def _log_refused(spec: ProcessSpec, exc: OSError) -> None:
+    """The process cannot have its log (a symlink there, a removed dir): it fails, saying so in its error record."""
+    why = "it is a symlink, which mmt never writes through" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+    try:
+        ErrorRecord(exception=f"OSError: cannot open its log {spec.log}: {why}").write(
+            Attempt(Path(spec.attempt_dir)).error_file(spec.index))
+    except OSError:
+        pass
+    _warn(f"process {spec.index} of job {spec.job_id}: cannot open its log {spec.log}: {why}")
+
+
 def _become_process(spec: ProcessSpec, method: str) -> None:
     code = 70
     try:
@@ -89,7 +104,12 @@ def _become_process(spec: ProcessSpec, method: str) -> None:
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)
-        log = os.open(spec.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:  # never through a symlink: one planted at logs/node0.rank0.log must not make mmt write elsewhere
+            log = open_for_append(Path(spec.log))
+        except OSError as exc:
+            _log_refused(spec, exc)
+            code = 1
+            return
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(log, 1)

@@ -12,13 +12,35 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from mmt.core.errors import MMTError
 
-# Lightning's flags that mean nothing here, and what to use instead (the SDK refuses the same parameters)
-_LIGHTNING_FLAGS = ("studio", "teamspace", "org", "cloud", "interruptible", "image-credentials", "cloud-account-auth",
-                    "entrypoint", "path-mapping", "tag", "keep-minutes")
+# Lightning's flags (`lightning job` / `lightning mmt`) that mean nothing here, per verb, and what to use instead:
+# a Lightning user's flag is answered with mmt's equivalent, never matched to another flag or left unexplained. The
+# run verb's hints are the SDK's for the same parameters, where these do not say it in the CLI's terms.
+_LIGHTNING_FLAGS: Dict[str, Dict[str, Optional[str]]] = {
+    "run": {"studio": None, "teamspace": None, "org": None, "user": None,
+            "cloud": "pick the cluster with --cluster local|slurm|<site config>",
+            "cloud-account": "mmt runs on this host or on SLURM: use --cluster local|slurm|<site config>",
+            "interruptible": None, "image-credentials": None, "cloud-account-auth": None, "entrypoint": None,
+            "path-mapping": None, "path-mappings": None, "tag": "name jobs instead (--name); `mmt list` shows every job",
+            "tags": "name jobs instead (--name); `mmt list` shows every job", "keep-minutes": None},
+    "logs": {flag: "mmt's logs are each process's own output, without timestamps or levels: filter them with grep "
+                   "(mmt logs NAME | grep ...), or read the files in the job dir's logs/"
+             for flag in ("timestamps", "since", "until", "query", "severity", "json")},
+    "list": {"sort-by": "mmt list --json, sorted by your own tool (jobs come newest first)",
+             "filter": "mmt list --json, filtered by your own tool", "tag": "jobs have names, not tags"},
+}
+
+# the names an error gives a value (the SDK's, the planner's) -> the flag a CLI user typed, per verb
+_FLAG_OF = {
+    "run": {"num_machines": "--num-machines", "machine": "--machine", "cluster": "--cluster", "command": "--command",
+            "image": "--image", "devices": "--devices", "command_mode": "--command-mode",
+            "max_runtime": "--max-runtime", "name": "--name"},
+    "logs": {"rank": "--rank", "tail": "--tail"},
+}
 
 
 def _env_pair(text: str) -> tuple:
@@ -29,10 +51,13 @@ def _env_pair(text: str) -> tuple:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmt", description="Multi-machine training jobs: run, follow, stop.")
+    # allow_abbrev=False everywhere: a flag mmt lacks (--cloud-account) must not be taken for one it has that it
+    # begins (--cloud-account-auth)
+    parser = argparse.ArgumentParser(prog="mmt", description="Multi-machine training jobs: run, follow, stop.",
+                                     allow_abbrev=False)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    run = verbs.add_parser("run", help="run a command on N machines (attached unless --detach)")
+    run = verbs.add_parser("run", help="run a command on N machines (attached unless --detach)", allow_abbrev=False)
     run.add_argument("--name", help="the job's name (default: mmt-<Mon-DD-HH_MM>-<random>)")
     run.add_argument("--num-machines", type=int, default=1, help="nodes (Lightning's --num-machines)")
     run.add_argument("--machine", default="cpu", help="a machine type, Lightning's names in any case (T4, A100_X_8)")
@@ -46,61 +71,113 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--devices", type=int, help="processes per machine (default: its GPUs, 1 on CPU machines)")
     run.add_argument("--command-mode", default="per_node", choices=("per_node", "per_rank"),
                      help="the command starts its own ranks (per_node) or runs once per rank")
-    run.add_argument("--max-runtime", type=float, metavar="SECONDS", help="stop the job after this long")
+    run.add_argument("--max-runtime", metavar="DURATION",
+                     help="stop the job after this long: seconds (3600), or 90m, 1h30m, 2h ...")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="any Hydra override, e.g. --set hydra.launcher.partition=gpu (repeatable)")
     run.add_argument("--detach", action="store_true", help="submit and return at once")
     run.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
-    run.add_argument("--dashboard", action="store_true", help="serve the live page while the job runs")
+    run.add_argument("--dashboard", action="store_true",
+                     help="serve the live page while the job runs (attached runs; else: mmt dashboard)")
     run.add_argument("--json", action="store_true", help="print the submitted job as JSON (with --detach)")
-    for flag in _LIGHTNING_FLAGS:
-        run.add_argument(f"--{flag}", dest=f"lightning_{flag.replace('-', '_')}", help=argparse.SUPPRESS)
 
-    listing = verbs.add_parser("list", help="jobs in the registry")
+    listing = verbs.add_parser("list", help="jobs in the registry", allow_abbrev=False)
     listing.add_argument("--all", action="store_true", help="every job (default: the last 7 days and running ones)")
     listing.add_argument("--json", action="store_true")
 
-    inspect = verbs.add_parser("inspect", help="one job in detail")
-    inspect.add_argument("name")
+    inspect = verbs.add_parser("inspect", help="one job in detail", allow_abbrev=False)
+    inspect.add_argument("name", nargs="?")
+    inspect.add_argument("--name", dest="name_flag", metavar="NAME", help="the job (Lightning's spelling)")
     inspect.add_argument("--json", action="store_true")
 
-    logs = verbs.add_parser("logs", help="a job's output")
+    logs = verbs.add_parser("logs", help="a job's output", allow_abbrev=False)
     logs.add_argument("name")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     logs.add_argument("--rank", type=int, default=0, help="global rank (per-node command jobs: the machine)")
-    logs.add_argument("--tail", type=int, help="only the last N lines")
+    logs.add_argument("--tail", type=int, help="only the last N lines (N >= 1; with -f: then follow)")
+    logs.add_argument("--raw", action="store_true",
+                      help="the log's bytes as written, control sequences included (default: as the console shows "
+                           "them)")
 
-    stop = verbs.add_parser("stop", help="stop a running job")
+    stop = verbs.add_parser("stop", help="stop a running job", allow_abbrev=False)
     stop.add_argument("name")
 
-    wait = verbs.add_parser("wait", help="re-attach: follow a job until it ends; its exit status is the job's")
+    wait = verbs.add_parser("wait", help="re-attach: follow a job until it ends; its exit status is the job's",
+                            allow_abbrev=False)
     wait.add_argument("name")
     wait.add_argument("--timeout", type=float, help="give up after this many seconds (exit 124)")
 
-    delete = verbs.add_parser("delete", help="forget an ended job (its files stay)")
+    delete = verbs.add_parser("delete", help="forget an ended job (its files stay)", allow_abbrev=False)
     delete.add_argument("name")
     delete.add_argument("-y", "--yes", action="store_true")
 
     dashboard = verbs.add_parser("dashboard", help="the live page", add_help=False)
     dashboard.add_argument("rest", nargs=argparse.REMAINDER)
+    parser.set_defaults(verb_parsers=verbs.choices)
+
+    for verb, flags in _LIGHTNING_FLAGS.items():  # Lightning's flags, with or without a value: answered in _refuse
+        sub = verbs.choices[verb]
+        for flag in flags:
+            sub.add_argument(f"--{flag}", dest=f"lightning_{flag.replace('-', '_')}", nargs="?", const=True,
+                             help=argparse.SUPPRESS)
     return parser
 
 
-def _run(args: argparse.Namespace) -> int:
-    from mmt import sdk
-    from mmt.launching.engine import LaunchReport
-    from mmt.service.submit import RunSpec, exit_code, run
+def _refuse_lightning_flags(args: argparse.Namespace) -> None:
+    """A Lightning flag that was given: one line, with mmt's equivalent."""
+    for flag, hint in _LIGHTNING_FLAGS.get(args.verb, {}).items():
+        if getattr(args, f"lightning_{flag.replace('-', '_')}", None) is None:
+            continue
+        if hint is None:
+            from mmt import sdk
 
-    given = {flag: getattr(args, f"lightning_{flag.replace('-', '_')}") for flag in _LIGHTNING_FLAGS}
-    for flag, value in given.items():
-        if value is not None:
-            hint = sdk.LIGHTNING_ONLY.get(flag.replace("-", "_").replace("path_mapping", "path_mappings")
-                                          .replace("tag", "tags"), "it has no meaning outside Lightning AI")
-            raise MMTError(f"--{flag} is a Lightning AI flag that mmt does not have. HINT: {hint}")
+            key = {"path-mapping": "path_mappings", "tag": "tags"}.get(flag, flag.replace("-", "_"))
+            hint = sdk.LIGHTNING_ONLY.get(key, "it has no meaning outside Lightning AI")
+        raise MMTError(f"--{flag} is a Lightning AI flag that mmt does not have. HINT: {hint}")
+
+
+def _unknown_flag(parser: argparse.ArgumentParser, verb: Optional[str], extra: List[str]) -> str:
+    """The one line for an argument mmt does not take: the closest flags it has."""
+    import difflib
+
+    where = f"mmt {verb}" if verb else "mmt"
+    sub = parser.get_default("verb_parsers").get(verb) if verb else None
+    flags = [o for a in (sub or parser)._actions if a.help != argparse.SUPPRESS for o in a.option_strings]
+    word = next((e for e in extra if e.startswith("-")), extra[0])
+    close = difflib.get_close_matches(word.split("=")[0], flags, n=2, cutoff=0.8)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    what = "unknown flag" if word.startswith("-") else "unexpected argument"
+    return f"{where}: {what} {word}. HINT: {hint}`{where} --help` lists what it takes"
+
+
+def _in_flag_terms(exc: Any, verb: str) -> str:
+    """A ConfigError about a value a flag gave, in the flag's terms: `--num-machines 0`, not `num_nodes=0`."""
+    import re
+    import shlex
+
+    flag = _FLAG_OF.get(verb, {}).get(exc.key)
+    if flag is None:
+        return str(exc)
+    value = exc.value if isinstance(exc.value, (int, float)) else shlex.quote(str(exc.value))
+    text = f"Invalid {flag} {value}: {exc.expected}."
+    if exc.hint:
+        text += " HINT: " + re.sub(rf"\b{re.escape(exc.key)}=(\S+)", rf"{flag} \1", exc.hint)
+    return text
+
+
+def _run(args: argparse.Namespace) -> int:
+    from mmt.launching.engine import LaunchReport
+    from mmt.service.submit import RunSpec, exit_code, max_runtime_s, run
+
+    if args.detach and args.dashboard:
+        raise MMTError("--dashboard serves the live page for as long as an attached run lasts, and --detach returns "
+                       "at once. HINT: leave --dashboard out, and run `mmt dashboard` when you want the page: it "
+                       "shows every registered job")
+    seconds = max_runtime_s("max_runtime", args.max_runtime) if args.max_runtime is not None else None
     spec = RunSpec(command=args.command, name=args.name, num_machines=args.num_machines, machine=args.machine,
                    image=args.image, env=dict(args.env), env_from=args.env_from, cluster=args.cluster,
                    devices=args.devices, command_mode=args.command_mode,
-                   timeout_min=args.max_runtime / 60.0 if args.max_runtime is not None else None,
+                   timeout_min=seconds / 60.0 if seconds is not None else None,
                    dry_run=args.dry_run, detach=args.detach,
                    overrides=args.overrides + (["hydra.launcher.dashboard=true"] if args.dashboard else []))
     outcome = run(spec)
@@ -119,7 +196,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _rows(records: List[Any]) -> List[Dict[str, Any]]:
-    from mmt.service.status import lightning_status
+    from mmt.core.states import JobState
+    from mmt.service.status import lightning_status, scheduler_view
 
     rows = []
     for record in records:
@@ -127,7 +205,13 @@ def _rows(records: List[Any]) -> List[Dict[str, Any]]:
         duration = result.duration_s if result else None
         if duration is None and record.started_at:
             duration = (record.ended_at or time.time()) - record.started_at
+        view = scheduler_view(record)
+        final = JobState(record.state).final
+        # SLURM's pending reason while the job waits (or the one that failed it); what the status alone does not say
+        reason = view.reason if view is not None and (view.never_starts or not final) else None
+        note = view.note(final) if view is not None else None
         rows.append({"name": record.name, "status": lightning_status(record.state), "state": record.state,
+                     "reason": reason, "note": note,
                      "cluster": record.backend, "machine": record.machine,
                      "topology": f"{record.num_nodes} x {record.devices}", "scheduler_id": record.scheduler_id,
                      "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created_at)),
@@ -148,6 +232,7 @@ def _metric(result: Any) -> Optional[str]:
 
 def _list(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from mmt.records.registry import Registry
@@ -165,7 +250,8 @@ def _list(args: argparse.Namespace) -> int:
     colours = {"Completed": "green", "Failed": "red", "Running": "cyan", "Stopped": "yellow"}
     for row in rows:
         status = row["status"]
-        table.add_row(row["name"], f"[{colours.get(status, 'white')}]{status}[/]", row["cluster"], row["machine"],
+        note = f" ({escape(row['note'])})" if row["note"] else ""
+        table.add_row(row["name"], f"[{colours.get(status, 'white')}]{status}[/]{note}", row["cluster"], row["machine"],
                       row["topology"], row["created"], "-" if row["duration_s"] is None else f"{row['duration_s']} s",
                       row["metric"] or "-")
     Console(width=None if sys.stdout.isatty() else 250).print(table)
@@ -180,9 +266,10 @@ def _inspect(args: argparse.Namespace) -> int:
     record = refresh(registry.require(args.name), registry)
     facts = {**_rows([record])[0], "job_id": record.job_id, "attempt": record.attempt, "command": record.command,
              "overrides": record.overrides, "sweep_dir": record.sweep_dir, "supervisor_pid": record.supervisor_pid,
-             "result": record.result,
+             "result": record.result, "scheduler": _scheduler_story(record),
              "machines": [{"rank": n, "status": _node_status(record, n, lightning_status(record.state))}
                           for n in range(record.num_nodes)]}
+    facts["dir_exists"] = Path(record.job_dir).is_dir()  # a deleted job dir: its status is the one recorded
     if args.json:
         print(json.dumps(facts, indent=2))
         return 0
@@ -190,10 +277,26 @@ def _inspect(args: argparse.Namespace) -> int:
                 "command", "overrides", "metric"):
         print(f"{key:<13} {facts[key]}")
     print("machines      " + ", ".join(f"{m['rank']}: {m['status']}" for m in facts["machines"]))
+    if not facts["dir_exists"]:
+        from mmt.service.handle import JobDirGone
+
+        print("files         " + str(JobDirGone(record)))
+    if facts["scheduler"]:
+        print("scheduler     " + facts["scheduler"])
     result = record.result_record()
     if result is not None and result.error:
         print("error         " + result.error)
     return 0
+
+
+def _scheduler_story(record: Any) -> Optional[str]:
+    """What the scheduler said of a job that has not ended: why it waits, since when it does not answer (the error
+    of one that could never start says why)."""
+    from mmt.core.states import JobState
+    from mmt.service.status import scheduler_view
+
+    view = scheduler_view(record)
+    return None if view is None or JobState(record.state).final else view.describe()
 
 
 def _node_status(record: Any, node: int, job: str) -> str:
@@ -205,15 +308,27 @@ def _node_status(record: Any, node: int, job: str) -> str:
 
 
 def _logs(args: argparse.Namespace) -> int:
+    """A rank's log, streamed: the last lines found by seeking back from the end, the rest read in bounded chunks,
+    so that a many-GB log costs no more memory than a small one. As the console shows lines (no control sequences)
+    unless --raw."""
     from mmt.sdk import Job
+    from mmt.service import logs as log_files
 
     job = Job.get(args.name)
-    if args.follow:
-        for line in job.logs(rank=args.rank, follow=True):
-            sys.stdout.write(line)
-            sys.stdout.flush()
+    path, start = job.log_start(args.rank, args.tail)
+    if args.raw and not args.follow:
+        if path.exists():
+            for data in log_files.chunks(path, start):
+                sys.stdout.buffer.write(data)
         return 0
-    sys.stdout.write(job.logs(rank=args.rank, tail=args.tail))
+    if args.follow:
+        lines = log_files.follow(path, start, lambda: job.status.final, sanitise=not args.raw)
+    else:
+        lines = log_files.lines(path, start, sanitise=True) if path.exists() else iter(())
+    for line in lines:
+        sys.stdout.write(line)
+        if args.follow:
+            sys.stdout.flush()
     return 0
 
 
@@ -270,25 +385,50 @@ def _delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dashboard(argv: List[str]) -> int:
+    from mmt.dashboard.server import main as dashboard
+    from mmt.records.registry import Registry
+
+    warned: List[str] = []
+
+    def registered() -> List[Path]:  # the registry's recent jobs, beside the dirs given
+        try:
+            return [Path(r.job_dir) for r in Registry().list(since=time.time() - 7 * 86400)]
+        except MMTError as exc:  # an unusable registry: the page still shows the dirs given
+            if not warned:
+                warned.append(str(exc))
+                print(f"mmt dashboard: WARNING {exc}; showing the dirs given only", file=sys.stderr)
+            return []
+
+    return dashboard(argv, extra_job_dirs=registered)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["dashboard"]:
-        from pathlib import Path
-
-        from mmt.dashboard.server import main as dashboard
-        from mmt.records.registry import Registry
-
-        def registered() -> List[Path]:  # the registry's recent jobs, beside the dirs given
-            return [Path(r.job_dir) for r in Registry().list(since=time.time() - 7 * 86400)]
-
-        return dashboard(argv[1:], extra_job_dirs=registered)
-    args = _parser().parse_args(argv)
+        return _dashboard(argv[1:])
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        print(_unknown_flag(parser, getattr(args, "verb", None), extra), file=sys.stderr)
+        return 2
+    if args.verb == "inspect":
+        args.name = args.name or args.name_flag
+        if not args.name:
+            print("mmt inspect: which job? HINT: mmt inspect NAME (`mmt list` lists them)", file=sys.stderr)
+            return 2
     verbs = {"run": _run, "list": _list, "inspect": _inspect, "logs": _logs, "stop": _stop, "wait": _wait,
              "delete": _delete}
     from hydra.errors import HydraException
 
+    from mmt.core.errors import ConfigError
+
     try:
+        _refuse_lightning_flags(args)
         return verbs[args.verb](args)
+    except ConfigError as exc:  # a value a flag gave: named as the flag the user typed
+        print(f"mmt: {_in_flag_terms(exc, args.verb)}", file=sys.stderr)
+        return 2
     except (MMTError, HydraException, ValueError) as exc:
         print(f"mmt: {exc}", file=sys.stderr)
         return 2

@@ -4,12 +4,15 @@ spells these names. The JSON records among them are typed, with a schema version
 A job dir (Hydra's ``<sweep dir>/<job num>``) holds what users read and what the engine keeps to itself::
 
     result.json                  how the job ended (written by whoever concludes it: see mmt.records.outcome)
-    logs/node<n>.rank<r>.log     every rank's stdout and stderr (a per-node command: logs/node<n>.log)
+    logs/node<n>.rank<r>.log     every rank's stdout and stderr (a per-node command: logs/node<n>.log), this
+                                 attempt's only (a SLURM requeue of the attempt appends)
+    logs/previous/<attempt id>/  an earlier attempt's logs, set aside when a new attempt started (a rerun into the
+                                 same dir)
     metrics/node<n>.jsonl        machine metrics, sampled by the node agent
     metrics.csv  checkpoints/    written by the recipe on rank 0
     .mmt/                        private to the engine (0700)
       owner.json                 the launch that owns the dir now (backend, scheduler id, pid, host)
-      lock                       flock'ed by a live local supervisor
+      lock                       flock'ed by the launch that owns the dir (refuses a second launch into it)
       attempts/<attempt id>/     one launch of the job; nothing is read across attempts
         plan.pkl                 the job's plan (plain pickle: mmt's own dataclasses)
         job.json job.pkl         the payload: sys.path, then the pickled Hydra context, task and config (0600)
@@ -19,16 +22,25 @@ A job dir (Hydra's ``<sweep dir>/<job num>``) holds what users read and what the
         return.pkl               the primary process's JobReturn
         agent.<n>.json           the node agent of node n: host, pid, start and end
         requeued.<restart>       the job asked SLURM to requeue it during that restart
-        stop                     someone asked the job to stop (mmt stop)
+        scheduler.json           what the scheduler last said of the job (SLURM: queue state, why it waits, whether
+                                 it can never start, since when it cannot be asked): mmt.records.scheduler
         finalized                the job's own last step (SLURM) has concluded it
         concluded                the launcher has concluded it (the job's own last step need not)
 
 ``i`` is the process index in the plan: the global rank, or the node in per-node command mode. Records are
 written atomically (a reader sees nothing or all of it); private files are readable by their owner only.
 
-A sweep dir holds its jobs' dirs, and ``summary.csv``, ``summary.png``, Hydra's ``multirun.yaml``; a detached
-local launch adds ``supervisor-<launch id>.log`` and, until its supervisor has read it, ``.mmt/supervisor-<launch
-id>.pkl`` (the jobs handed over: payloads and copied secrets, 0600).
+A sweep dir holds its jobs' dirs, and ``summary.csv``, ``summary.png``, Hydra's ``multirun.yaml``, ``.mmt.lock``
+(flock'ed by the Hydra launch that owns the sweep, from its launcher's setup on: see mmt.records.ownership); a
+detached local launch adds ``supervisor-<launch id>.log`` and, until its supervisor has read it,
+``.mmt/supervisor-<launch id>.pkl`` (the jobs handed over: payloads and copied secrets, 0600).
+
+What says whether a launch is alive, and asks it to stop, is kept outside every job dir, where the job itself never
+writes (a job may delete its own dir: ``rm -rf "$MMT_JOB_DIR"``, ``git clean -fdx``): the run dir,
+``$MMT_HOME/run/`` (0700, beside the registry)::
+
+    <job id>.<attempt id>.lock   flock'ed by the launcher or detached supervisor of that attempt while it runs
+    <job id>.<attempt id>.stop   someone asked that attempt to stop (mmt stop)
 """
 
 from __future__ import annotations
@@ -45,11 +57,14 @@ from typing import Any, Dict, List, Optional
 
 RESULT = "result.json"
 LOGS = "logs"
+PREVIOUS_LOGS = "previous"
 METRICS = "metrics"
 TRAINING_METRICS = "metrics.csv"
 CHECKPOINTS = "checkpoints"
 PRIVATE = ".mmt"
 PRIVATE_MODE = 0o700
+SWEEP_LOCK = ".mmt.lock"
+RUN = "run"
 
 
 def new_attempt_id() -> str:
@@ -78,6 +93,17 @@ def make_private_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_MODE)
     os.chmod(path, PRIVATE_MODE)
     return path
+
+
+def open_for_append(path: Path, mode: int = 0o644) -> int:
+    """A write-only, appending descriptor of ``path`` (created when missing) that never writes through a symlink:
+    neither ``path`` itself nor its dir may be one (ELOOP/ENOTDIR otherwise). What a rank's log is opened with: a
+    link planted in ``logs/`` must not make mmt write (or truncate) a file elsewhere."""
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        return os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def read_json(path: Path) -> Optional[Dict[str, Any]]:
@@ -114,10 +140,43 @@ class JobDir:
     def log(self, node_rank: int, rank: int, per_node: bool) -> Path:
         return self.logs / process_log_name(node_rank, rank, per_node)
 
-    def node_logs(self, node_rank: int) -> List[Path]:
-        """The logs of node ``node_rank`` that exist: its command's, then its ranks' in rank order."""
+    @property
+    def previous_logs(self) -> Path:
+        return self.logs / PREVIOUS_LOGS
+
+    def logs_of(self, attempt_id: Optional[str]) -> Path:
+        """The dir that holds attempt ``attempt_id``'s logs: ``logs/previous/<id>/`` once a later attempt set them
+        aside, else ``logs/``."""
+        if attempt_id:
+            aside = self.previous_logs / attempt_id
+            if aside.is_dir():
+                return aside
+        return self.logs
+
+    def set_logs_aside(self, label: str) -> Optional[Path]:
+        """Move the process logs an earlier attempt left in ``logs/`` into ``logs/previous/<label>/`` (``label``:
+        that attempt's id), so that a new attempt's logs hold its own output only: what the console follows from
+        their start, the failing rank's last lines, ``mmt logs`` and the live page. Call it holding the job dir's
+        claim, before the new attempt starts a process. Returns where they went; None when there were none."""
+        try:
+            found = sorted(p for p in self.logs.iterdir() if LOG_NAME.fullmatch(p.name) and p.is_file())
+        except OSError:  # no logs/ yet
+            return None
+        if not found:
+            return None
+        target, n = self.previous_logs / label, 1
+        while target.exists():
+            target, n = self.previous_logs / f"{label}.{n}", n + 1
+        target.mkdir(parents=True)
+        for path in found:
+            os.replace(path, target / path.name)
+        return target
+
+    def node_logs(self, node_rank: int, attempt_id: Optional[str] = None) -> List[Path]:
+        """The logs of node ``node_rank`` that exist: its command's, then its ranks' in rank order (of attempt
+        ``attempt_id``, when a later attempt set them aside: see logs_of)."""
         found = []
-        for path in self.logs.glob(f"node{node_rank}.*log"):
+        for path in self.logs_of(attempt_id).glob(f"node{node_rank}.*log"):
             match = LOG_NAME.fullmatch(path.name)
             if match and int(match.group(1)) == node_rank:
                 found.append((-1 if match.group(2) is None else int(match.group(2)), path))
@@ -180,6 +239,11 @@ class SweepDir:
     def multirun_yaml(self) -> Path:
         """Hydra's record of the sweep (written by Hydra's sweeper)."""
         return self.root / "multirun.yaml"
+
+    @property
+    def lock(self) -> Path:
+        """flock'ed by the Hydra launch that owns the sweep dir (outside ``.mmt/``: a sweep dir is not a job dir)."""
+        return self.root / SWEEP_LOCK
 
     def supervisor_spec(self, launch_id: str) -> Path:
         return self.private / f"supervisor-{launch_id}.pkl"
@@ -248,8 +312,8 @@ class Attempt:
         return self.dir / f"requeued.{restart}"
 
     @property
-    def stop_request(self) -> Path:
-        return self.dir / "stop"
+    def scheduler(self) -> Path:
+        return self.dir / "scheduler.json"
 
     @property
     def finalized(self) -> Path:
@@ -281,3 +345,36 @@ class Attempt:
             paths.append(self.primary_return)
         for path in paths:
             path.unlink(missing_ok=True)
+
+
+def _key_part(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:120] or "_"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """``$MMT_HOME/run``: what a launch's liveness and its stop requests need, out of reach of its jobs (a job may
+    delete its own job dir). One entry per attempt, keyed by job id and attempt id (unique per launch of a job)."""
+
+    root: Path
+
+    def attempt(self, job_id: Optional[str], attempt_id: str) -> "AttemptRun":
+        return AttemptRun(self.root, f"{_key_part(job_id or 'job')}.{_key_part(attempt_id)}")
+
+
+@dataclass(frozen=True)
+class AttemptRun:
+    """One attempt's entries in the run dir."""
+
+    root: Path
+    key: str
+
+    @property
+    def lock(self) -> Path:
+        """flock'ed by the process that supervises the attempt (the launcher, or a detached supervisor)."""
+        return self.root / f"{self.key}.lock"
+
+    @property
+    def stop_request(self) -> Path:
+        """Someone asked the attempt to stop (mmt stop); its supervisor checks every half second."""
+        return self.root / f"{self.key}.stop"

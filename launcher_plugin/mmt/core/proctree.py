@@ -40,6 +40,23 @@ def _stat_fields(pid: str) -> Optional[List[bytes]]:
         return None
 
 
+def start_time(pid: int) -> Optional[int]:
+    """When process ``pid`` started (clock ticks since boot: /proc/<pid>/stat's field 22), or None when it is gone
+    (or a zombie). A pid with the start time seen before is the same process, not one that reused its number."""
+    fields = _stat_fields(str(pid))
+    if not fields or fields[0] == b"Z" or len(fields) < 20:
+        return None
+    try:
+        return int(fields[19])
+    except ValueError:
+        return None
+
+
+def still_running(pid: Optional[int], started: Optional[int]) -> bool:
+    """Whether process ``pid`` that started at ``started`` (:func:`start_time`) is still there, on this host."""
+    return pid is not None and started is not None and start_time(pid) == started
+
+
 def _live_pids() -> Dict[int, int]:
     """pid -> ppid of every live process (zombies excluded)."""
     table: Dict[int, int] = {}

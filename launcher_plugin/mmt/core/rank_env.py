@@ -57,7 +57,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Collection, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
@@ -300,7 +300,7 @@ def port_claims(env: Mapping[str, str]) -> Dict[int, PortClaim]:
     return claims
 
 
-def misplaced_listener(env: Mapping[str, str], listening: Mapping[int, Sequence[int]]) -> Optional[str]:
+def misplaced_listener(env: Mapping[str, str], listening: Mapping[int, Collection[int]]) -> Optional[str]:
     """Why a job's framework cannot form, from where its processes listen (``listening``: process index -> the TCP
     ports its processes listen on), or None. ``env``: any process's contract of the job.
 

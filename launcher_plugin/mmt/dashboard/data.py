@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from mmt.core.jobdir import LOG_NAME, LOGS, METRICS, METRICS_NAME, PRIVATE, RESULT, TRAINING_METRICS, JobDir
+from mmt.records.scheduler import SchedulerRecord, scheduler_record_of
 
 MAX_DEPTH = 4  # outputs/multirun/<date>/<time>/<job>
 MAX_DIRS_SCANNED = 20_000
@@ -351,13 +352,27 @@ def metric(result: dict[str, Any] | None) -> tuple[str | None, float | None]:
     return key, None
 
 
+ATTEMPT_ID = re.compile(r"[0-9A-Za-z_.-]{1,64}")
+
+
+def scheduler_view(root: Path, attempt: Any) -> SchedulerRecord | None:
+    """What the scheduler last said of that attempt (``scheduler.json``: why it waits, that it can never start, since
+    when the scheduler does not answer), as the launcher or ``mmt list`` recorded it; the page never asks SLURM."""
+    if not isinstance(attempt, str) or not ATTEMPT_ID.fullmatch(attempt) or attempt in (".", ".."):
+        return None
+    path = JobDir(root).attempt(attempt).scheduler
+    return scheduler_record_of(read_json(root, *path.relative_to(root).parts))
+
+
 def job_state(root: Path) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:
     """(status, this run's result or None, owner record or None)."""
     result = read_json(root, RESULT)
     owner = read_json(root, PRIVATE, JobDir(root).owner.name)
-    # an owner whose attempt has no result yet is running; a result.json of an older attempt says nothing now
+    # an owner whose attempt has no result yet is running (or waits in the scheduler's queue); a result.json of an
+    # older attempt says nothing now
     if owner is not None and (result is None or result.get("attempt") != owner.get("attempt")):
-        return "RUNNING", None, owner
+        view = scheduler_view(root, owner.get("attempt"))
+        return ("PENDING" if view is not None and view.state == "PENDING" else "RUNNING"), None, owner
     if result:
         return str(result.get("status") or "UNKNOWN"), result, owner
     return "PENDING", None, owner
@@ -376,6 +391,7 @@ def job_summary(job_id: str, root: Path, now: float | None = None) -> dict[str, 
         started = number(owner.get("started")) if owner else None
         duration = max(0.0, now - started) if running and started else None
     metric_name, metric_value = metric(final)
+    view = scheduler_view(root, (final or owner or {}).get("attempt"))
     return clean({
         "id": job_id,
         "num": root.name,
@@ -392,6 +408,10 @@ def job_summary(job_id: str, root: Path, now: float | None = None) -> dict[str, 
         "overrides": overrides(root, final),
         "backend": owner.get("backend") if owner else None,
         "scheduler_id": (final or owner or {}).get("scheduler_id"),
+        # SLURM's pending reason while the job waits (or the one that failed it), and what the status alone does not
+        # say: why it waits, that it can never start, since when the scheduler does not answer
+        "reason": view.reason if view is not None and (view.never_starts or not final) else None,
+        "note": view.note(final=bool(final)) if view is not None else None,
     })
 
 

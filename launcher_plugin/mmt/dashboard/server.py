@@ -90,6 +90,9 @@ def serve(sock: socket.socket, roots: list[Path], extra_job_dirs: Callable[[], l
 
 def main(argv: list[str] | None = None, extra_job_dirs: Callable[[], list[Path]] | None = None) -> int:
     args = parse_args(argv)
+    if args.port is not None and not 0 <= args.port <= 65535:
+        print(f"mmt dashboard: Invalid --port {args.port}: expected a port 0-65535 (0: any free port)", file=sys.stderr)
+        return 2
     if not is_loopback(args.host) and not args.allow_remote:
         print(f"mmt dashboard: refusing to serve on {args.host}, which is not loopback: the page has no "
               "authentication. HINT: add --allow-remote to serve it there anyway", file=sys.stderr)

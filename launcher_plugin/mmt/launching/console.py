@@ -17,11 +17,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, List, Optional, TextIO
+from typing import Any, List, Optional, TextIO, Tuple
 
 MAX_LINE = 16 * 1024  # characters of one line that are shown
 _CHUNK = 64 * 1024  # bytes read from a log per poll
 _QUEUE = 4096  # lines waiting to be written before the console starts dropping
+_COUNT_CHUNK = 1 << 20  # bytes read at a time to count the lines a finished job's console did not show
+_COUNT_S = 0.5  # how long that count may take (past it, the note says "N+")
 # ESC sequences (CSI, OSC, two-character) and C0 controls other than tab
 _CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?|[\x00-\x08\x0b-\x1f\x7f]")
 
@@ -68,12 +70,15 @@ class Console:
             return
         try:
             if self.dropped:
-                self._queue.put_nowait(f"[mmt] {self.dropped} line(s) not shown: the console could not keep up; "
-                                       "every line is in the job's logs/\n")
+                self._queue.put_nowait(self._dropped_note())
                 self.dropped = 0
             self._queue.put_nowait(text)
         except queue.Full:
             self.dropped += text.count("\n") or 1
+
+    def _dropped_note(self) -> str:
+        return (f"[mmt] {self.dropped} line(s) not shown: the console could not keep up; every line is in the job's "
+                "logs/\n")
 
     def _run(self) -> None:
         while True:
@@ -116,11 +121,15 @@ class Console:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Let what is queued be written, for at most ``timeout_s`` (a stdout nobody reads cannot hold us)."""
+        deadline = time.monotonic() + timeout_s
         try:
-            self._queue.put(None, timeout=timeout_s)
+            if self.dropped and not self.closed:  # no later line carried the note: it goes last
+                self._queue.put(self._dropped_note(), timeout=timeout_s)
+                self.dropped = 0
+            self._queue.put(None, timeout=max(0.0, deadline - time.monotonic()))
         except queue.Full:
             return
-        self._thread.join(timeout_s)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class LogFollower:
@@ -160,7 +169,8 @@ class LogFollower:
         self._emit(shown)
 
     def finish(self, budget_s: float = 2.0) -> None:
-        """Read what is left, in bounded chunks, for at most ``budget_s`` (the rest is in the log)."""
+        """Read what is left, in bounded chunks, for at most ``budget_s``; what is left after that is counted, and
+        the console says how many lines it did not show (they are all in the log)."""
         deadline = time.monotonic() + budget_s
         while time.monotonic() < deadline:
             before = self._offset
@@ -170,6 +180,32 @@ class LogFollower:
         if self._partial and not self._skipping:
             self._emit([self._render(self._partial)])
         self._partial = b""
+        left = self._lines_left(deadline=time.monotonic() + _COUNT_S)
+        if left:
+            count = f"{left[0]}{'+' if left[1] else ''}"
+            self.console.write(f"{self.prefix}[mmt] {count} more line(s) not shown: the job ended faster than the "
+                               f"console could follow it; every line is in {self.path}\n")
+
+    def _lines_left(self, deadline: float) -> Optional[Tuple[int, bool]]:
+        """(lines of the log after what was read, whether there are more: the count stops at ``deadline``); None
+        when nothing is left."""
+        count, last, more = 0, b"", False
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self._offset)
+                while True:
+                    data = handle.read(_COUNT_CHUNK)
+                    if not data:
+                        break
+                    count, last = count + data.count(b"\n"), data
+                    if time.monotonic() >= deadline:
+                        more = bool(handle.read(1))
+                        break
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not last:
+            return None
+        return count + (0 if last.endswith(b"\n") else 1), more  # an unfinished last line counts too
 
     def _render(self, line: bytes) -> str:
         text = clean(line[: MAX_LINE * 4].decode(errors="replace"))

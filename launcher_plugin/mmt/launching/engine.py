@@ -16,6 +16,7 @@ Every front end calls it: the Hydra launcher (``python train.py -m``), the ``mmt
 * :func:`attach`: step 3 and 4 for jobs another process started (``mmt wait``).
 """
 
+import re
 import shutil
 import signal
 import socket
@@ -29,6 +30,7 @@ from mmt.backends.base import Backend, JobHandle, JobTracker, Submission
 
 from mmt.records.outcome import JobOutcome
 
+from mmt.core import proctree
 from mmt.core.states import JobState
 from mmt.core.states import ConsoleMode
 from mmt.core.jobdir import Attempt, JobDir, SweepDir, new_attempt_id
@@ -159,7 +161,8 @@ def _record(plan: JobPlan, attempt: Attempt, backend: str, sweep_dir: Path, deta
                      devices=plan.devices, machine=plan.machine.name, command=plan.command,
                      command_mode=plan.command_mode, overrides=masked_overrides(plan.overrides, plan.secret_names),
                      state=JobState.PENDING.value,
-                     supervisor_pid=os.getpid(), supervisor_host=socket.gethostname(), detached=detached,
+                     supervisor_pid=os.getpid(), supervisor_host=socket.gethostname(),
+                     supervisor_start=proctree.start_time(os.getpid()), detached=detached,
                      created_at=time.time())
 
 
@@ -173,6 +176,7 @@ def _start(jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchOp
     refuse_unrunnable(backend, plans)
     _refuse_taken_names(options.registry, plans)
     attempts = {plan.num: JobDir(Path(plan.job_dir)).attempt(new_attempt_id()) for plan in plans}
+    earlier = {plan.num: _last_attempt(plan) for plan in plans}  # before the claim names this one the owner
     claims = _claim_all(plans, backend, attempts)
     watched: List[_Watched] = []
     try:
@@ -189,6 +193,9 @@ def _start(jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchOp
             plan = job.plan
             console.write(f"\t#{plan.num} {plan.name}: {' '.join(masked_overrides(plan.overrides, plan.secret_names))}"
                           f" ({plan.num_nodes} x {plan.devices})\n")
+            aside = _set_earlier_logs_aside(plan, earlier[plan.num])
+            if aside is not None:
+                console.write(f"\t   (the earlier run's logs are in {aside})\n")
             handle = backend.submit(Submission(plan=plan, attempt=attempts[plan.num], copied_env=job.copied_env))
             watched.append(_Watched(plan=plan, handle=handle, claim=claims[plan.num], started_at=time.time(),
                                     survives_launcher=backend.survives_launcher))
@@ -205,6 +212,43 @@ def _start(jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchOp
     unsubmitted = _unsubmitted(plans, watched)
     _give_up(unsubmitted, attempts, claims, backend, options.registry)
     return watched, unsubmitted
+
+
+_SAFE_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,80}$")
+
+
+def _last_attempt(plan: JobPlan) -> Optional[str]:
+    """The attempt that last ran in the job dir, if one did: owner.json names the last launch that has not released
+    the dir (killed, or a SLURM job's, which stays), result.json the last one that concluded."""
+    job_dir = JobDir(Path(plan.job_dir))
+    for read in (lambda: OwnerRecord.read(job_dir.owner), lambda: read_result(job_dir.root)):
+        try:
+            record = read()
+        except (UnknownSchemaError, OSError, ValueError):
+            continue
+        attempt = getattr(record, "attempt", None) if record is not None else None
+        if isinstance(attempt, str) and _SAFE_LABEL.match(attempt):
+            return attempt
+    return None
+
+
+def _set_earlier_logs_aside(plan: JobPlan, attempt_id: Optional[str]) -> Optional[Path]:
+    """A new attempt's logs start empty: the console follows them from their start, and a failing rank's last lines
+    are this attempt's, never an earlier run's (a rerun into the same dir: a fixed hydra.sweep.dir, a name reused
+    after `mmt delete`, a resume from last.ckpt). The earlier run's logs go to logs/previous/<its attempt>/. A SLURM
+    requeue is the same attempt run again: it never comes here, and its ranks append."""
+    job_dir = JobDir(Path(plan.job_dir))
+    label = attempt_id
+    if label is None:  # no record says which run wrote them: when they were last written
+        try:
+            newest = max(p.stat().st_mtime for p in job_dir.logs.iterdir())
+        except (OSError, ValueError):
+            newest = time.time()
+        label = time.strftime("%Y%m%dT%H%M%S", time.localtime(newest)) + "-earlier"
+    try:
+        return job_dir.set_logs_aside(label)
+    except OSError:  # they stay where they are; the job runs all the same
+        return None
 
 
 def _unsubmitted(plans: Sequence[JobPlan], watched: Sequence[_Watched]) -> List[JobPlan]:
@@ -367,7 +411,7 @@ def _watch(watched: List[_Watched], backend: JobTracker[Any], options: LaunchOpt
                 follower.poll()
             if status.outcome is not None:
                 item.report = _conclude(item, status.outcome, console, options.registry)
-            elif check_stops and item.handle.attempt.stop_request.exists():
+            elif check_stops and item.claim is not None and item.claim.stop_requested():
                 backend.cancel(item.handle, "stopped on request (mmt stop)")
             states[item.plan.num] = item.report.outcome.status.value if item.report else status.state.value
         progress.update(states)
@@ -415,13 +459,15 @@ def _conclude(item: _Watched, outcome: JobOutcome, console: Console, registry: O
                        write_error=write_error)
     if outcome.failure is not None and outcome.failure.rank != 0 and not outcome.failure.missing_result:
         _show_tail(plan, outcome, console)
-    if item.claim is not None:
-        _discard(item)
+    # the registry first, then the claim: while its supervisor holds the attempt's beacon, a job is never taken for
+    # an orphan, even one whose job dir (and so whose result.json) is gone
     if registry is not None:
         try:
             registry.update(plan.name, state=outcome.status.value, ended_at=time.time(), result=record.to_dict())
         except Exception as exc:  # the job dir has the result; the registry reconciles from it later
             console.write(f"mmt: could not update the job registry: {exc}\n")
+    if item.claim is not None:
+        _discard(item)
     return report
 
 
@@ -467,7 +513,8 @@ def summarise(sweep_dir: Path, report: LaunchReport, console: Console, write_csv
     rows, metric_name = [], "metric"
     for job in report.jobs:
         plan, outcome = job.plan, job.outcome
-        metric = metric_of(job.record.return_value, plan.summary_metric)
+        # the key the number is under, as result.json records it (a returned number: the app's optimized_metric)
+        metric = metric_of(job.record.return_value, job.record.summary_metric)
         metric_name = metric["name"] if metric["value"] != "-" else metric_name
         note = "" if outcome.status == JobState.COMPLETED else first_line(job.record.error or "")
         note = note.removeprefix(f"{plan.label}: ")

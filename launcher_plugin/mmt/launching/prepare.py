@@ -28,6 +28,7 @@ from mmt.launching.compose_once import ComposeOnce, compose_job
 from mmt.launching.console import Console
 from mmt.monitor import plots
 from mmt.planning import validate as check
+from mmt.planning.conflicts import check_strategies
 from mmt.planning.plan import plan_job
 from mmt.records import ownership
 from mmt.records.payload import JobPayload
@@ -64,9 +65,10 @@ def start_plotter(sweep_dir: Path, job_dirs: Sequence[str]) -> None:
         plots.Plotter.start()
 
 
-def refuse_sweep_in_use(config: DictConfig, backend: Backend[Any]) -> None:
-    """Called in the launcher's setup(), before the sweeper writes ``multirun.yaml`` into the sweep dir."""
-    ownership.refuse_sweep_in_use(Path(str(config.hydra.sweep.dir)), backend.owner_active)
+def claim_sweep(config: DictConfig, backend: Backend[Any]) -> ownership.SweepClaim:
+    """Called in the launcher's setup(), before the sweeper writes ``multirun.yaml`` into the sweep dir: the sweep
+    dir is this launch's (an flock, held until the launcher goes), or the launch is refused, naming who has it."""
+    return ownership.claim_sweep(Path(str(config.hydra.sweep.dir)), backend.owner_active)
 
 
 def check_sweep_dir(config: DictConfig) -> None:
@@ -137,6 +139,8 @@ def prepare_job(*, hydra_context: Any, master: DictConfig, task_function: Any, b
     job_dir = _freeze_output_dir(config)
     plan = plan_job(launcher_cfg, num=num, name=name, job_id=job_id, overrides=list(overrides), job_dir=job_dir,
                     limits=backend.limits, launcher_env=os.environ)
+    if plan.command is None:  # the task function runs this config (a command runs what it says)
+        check_strategies(config)
     payload = JobPayload(plan=plan, callbacks=hydra_context.callbacks, task_function=task_function,
                          config=config, singleton_state=Singleton.get_state())
     optimize = OmegaConf.select(launcher_cfg, "optimized_metric")

@@ -5,6 +5,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from mmt.launching.console import clean
+
+# characters of a job's overrides the printed summary shows (summary.csv keeps them all): a sweep over long values
+# (a command, a list) must not widen every row of the table to hundreds of columns
+MAX_OVERRIDES = 80
+_ELISION = " ... "
+
 
 @dataclass(frozen=True)
 class SummaryRow:
@@ -24,8 +31,22 @@ class SummaryRow:
 
 
 def first_line(text: str) -> str:
-    """The first line that says something (torch's errors start with blank lines)."""
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+    """The first line that says something (torch's errors start with blank lines), as a terminal may show it: an
+    exception's message can carry colours and other control sequences (rich, click), which never reach the
+    summary raw."""
+    return next((shown for line in text.splitlines() if (shown := clean(line).strip())), "")
+
+
+def one_line(text: str, limit: int = MAX_OVERRIDES) -> str:
+    """``text`` on one line of at most ``limit`` characters: control sequences removed, a newline shown as ``\\n``,
+    the middle elided (both ends say the most: the first override, and the last that varies)."""
+    text = clean(text.replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\r"))
+    if len(text) <= limit:
+        return text
+    keep = max(2, limit - len(_ELISION))
+    head = (keep + 1) // 2
+    # no double space around the elision: readers split the table's columns on them
+    return text[:head].rstrip() + _ELISION + text[len(text) - (keep - head):].lstrip()
 
 
 def metric_of(value: object, key: Optional[str]) -> Dict[str, str]:
@@ -44,7 +65,7 @@ def metric_of(value: object, key: Optional[str]) -> Dict[str, str]:
 def format_summary(title: str, rows: Sequence[SummaryRow], metric_name: str) -> str:
     header = ["#", "overrides", "status", "nodes x devices", "duration", metric_name]
     body = [
-        [str(r.job), r.overrides or "(none)", r.status, r.topology,
+        [str(r.job), one_line(r.overrides) or "(none)", r.status, r.topology,
          "-" if r.duration_s is None else f"{r.duration_s:.1f} s", r.metric]
         for r in rows
     ]

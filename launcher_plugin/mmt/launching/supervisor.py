@@ -4,9 +4,11 @@ The launcher plans and validates as usual, then starts ``python -m mmt.launching
 its own (so the terminal's hangup never reaches it, nor its Ctrl-C), and waits only until the supervisor says the
 jobs are claimed, registered and started (or why not). The supervisor runs the usual attached launch: host agent,
 time limits, fail-fast, ``result.json``, registry; its console is a log file in the sweep dir. ``mmt stop NAME``
-asks it to stop a job (a stop request in the job's attempt dir); SIGTERM stops all of its jobs.
+asks it to stop a job (a stop request in the run dir, ``$MMT_HOME/run``: mmt.records.liveness); SIGTERM stops
+all of its jobs.
 """
 
+import dataclasses
 import json
 import os
 import pickle
@@ -20,10 +22,11 @@ import cloudpickle
 
 from mmt.backends.base import Backend
 from mmt.core.errors import UsageError
+from mmt.core.states import ConsoleMode
 from mmt.core.jobdir import Attempt, SweepDir, make_private_dir, write_atomic
 from mmt.launching import engine
 from mmt.launching.console import Console
-from mmt.records.payload import check_private
+from mmt.records.payload import open_private
 
 
 def start(jobs: Sequence[engine.PreparedJob], backend: Backend[Any], options: engine.LaunchOptions,
@@ -64,8 +67,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     answer = os.fdopen(int(fd), "w")
     spec_file = Path(spec_path)
     try:
-        check_private(spec_file.parent)
-        outer = pickle.loads(spec_file.read_bytes())
+        with open_private(spec_file) as handle:  # its dir (the sweep's .mmt) is private; the sweep dir is the user's
+            outer = pickle.loads(handle.read())
         sys.path[:] = outer["sys_path"]
         spec: Dict[str, Any] = cloudpickle.loads(outer["inner"])
     finally:
@@ -81,8 +84,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         answer.close()
 
     console = Console()
+    # its console is a log in the sweep dir: it follows no rank (every rank's output is in its own log already, and
+    # copying rank 0's in would store it twice); launch lines, failures and the summary still go there
+    options = dataclasses.replace(spec["options"], console=ConsoleMode.none)
     try:
-        engine.launch(spec["jobs"], backend, spec["options"], console, accepted=accepted)
+        engine.launch(spec["jobs"], backend, options, console, accepted=accepted)
     except Exception as exc:
         if not answer.closed:
             answer.write(json.dumps({"error": str(exc)}))

@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterable, List, Optional
 import psutil
 
 from mmt.core import proctree
-from mmt.core.jobdir import write_atomic
+from mmt.core.jobdir import open_for_append, write_atomic
 
 MAX_BYTES = 1 << 20
 _KEEP_RECENT = 0.25  # the newest quarter of the samples is never thinned
@@ -132,7 +132,7 @@ class NodeSampler:
         if gpus:
             record["gpus"] = gpus
         self._last = counters
-        with open(self.path, "a") as handle:
+        with open(open_for_append(self.path, 0o666), "a") as handle:  # never through a symlink planted there
             handle.write(json.dumps(record) + "\n")
         self._lines += 1
         if self._lines % 64 == 0 and self.path.stat().st_size > self.max_bytes:

@@ -1,5 +1,6 @@
 """Render a job plan as text: what ``hydra.launcher.dry_run=true`` prints instead of starting anything."""
 
+import json
 from typing import Dict, List
 
 from mmt.planning.environment import Rendezvous, process_env
@@ -44,6 +45,23 @@ def _shown_indices(count: int) -> List[int]:
     return list(range(SHOWN_HEAD)) + list(range(count - SHOWN_TAIL, count))
 
 
+def _short_list(items: List[str]) -> List[str]:
+    if len(items) <= SHOWN_HEAD + SHOWN_TAIL:
+        return items
+    return [*items[:2], f"...{len(items) - 3:,} more...", items[-1]]
+
+
+def _shortened(name: str, value: str) -> str:
+    """Every node's address, every worker's: a job of thousands of nodes shows the first two and the last."""
+    if name == "MMT_NODE_ADDRS":
+        return ",".join(_short_list(value.split(",")))
+    if name == "TF_CONFIG":
+        config = json.loads(value)
+        config["cluster"]["worker"] = _short_list(config["cluster"]["worker"])
+        return json.dumps(config, separators=(",", ":"))
+    return value
+
+
 def _env_lines(plan: JobPlan) -> List[str]:
     """The contract every process gets: shared values once, then each process's own values."""
     # where the nodes are and which ports their frameworks get are known only at start: placeholders
@@ -58,7 +76,7 @@ def _env_lines(plan: JobPlan) -> List[str]:
                           cores_per_node=0, python=None)
         for name in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", *plan.secret_names):
             env.pop(name, None)
-        return env
+        return {name: _shortened(name, value) for name, value in env.items()}
 
     envs = {index: env_of(index) for index in shown}
     first = envs[shown[0]]

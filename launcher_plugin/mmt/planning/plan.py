@@ -58,6 +58,9 @@ class JobPlan:
     metrics_interval_s: float = 0.0
     # the framework whose own variables mmt writes (TF_CONFIG, JAX's coordinator): none, tensorflow or jax
     framework: str = FRAMEWORK_NONE
+    # the key a sweeper optimises (hydra.launcher.optimized_metric, the template's top-level optimized_metric): an
+    # app that returns a number returns that key's value, so the summary calls the number by that key
+    optimized_metric: Optional[str] = None
 
     @property
     def label(self) -> str:
@@ -218,4 +221,13 @@ def plan_job(launcher_cfg: DictConfig, *, num: int, name: str, job_id: str, over
         else None,
         metrics_interval_s=float(interval),
         framework=framework,
+        optimized_metric=_optimized_metric(launcher_cfg),
     )
+
+
+def _optimized_metric(launcher_cfg: DictConfig) -> Optional[str]:
+    try:
+        key = OmegaConf.select(launcher_cfg, "optimized_metric", default=None)
+    except Exception:  # an interpolation that does not resolve: the sweeper's own check names it
+        return None
+    return key if isinstance(key, str) and key else None

@@ -15,7 +15,7 @@ import cloudpickle
 from mmt.core.states import JobState, ProcessState
 from mmt.core.errors import JobFailedError, JobInterruptedError, JobTimeoutError, RankFailedError, RankFailure
 from mmt.core.jobdir import Attempt, JobDir
-from mmt.records.payload import UnsafePayloadError, check_private
+from mmt.records.payload import UnsafePayloadError, open_private
 from mmt.records.schema import ErrorRecord, ExitRecord, ResultRecord
 from mmt.planning.plan import JobPlan
 from mmt.planning.redact import masked_overrides
@@ -124,8 +124,7 @@ def read_primary_return(attempt: Attempt) -> Any:
     """The primary process's JobReturn, or None when it left none (or left it where others could have written it:
     a pickle is code, and it is only loaded from a dir this user owns that nobody else can write)."""
     try:
-        check_private(attempt.dir)
-        with open(attempt.primary_return, "rb") as handle:
+        with open_private(attempt.primary_return) as handle:
             return cloudpickle.load(handle)
     except (FileNotFoundError, NotADirectoryError, EOFError):
         return None
@@ -182,6 +181,20 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def summary_key(plan: JobPlan, return_value: Any) -> Optional[str]:
+    """The key the job's summary number is under, as result.json records it (``summary_metric``): for a returned
+    dict, the plan's ``summary_metric`` (None: its first number); for a returned number, the key the app took it
+    from, its ``optimized_metric`` (lightning-hydra-template returns ``metric_dict[optimized_metric]``), or None
+    when the app names none (the number is then just "the result", never the recipe's dict key)."""
+    if _is_number(return_value):
+        return plan.optimized_metric
+    return plan.summary_metric
+
+
 def result_record(plan: JobPlan, outcome: JobOutcome, return_value: Any, attempt_id: str,
                   started_at: Optional[float] = None, ended_at: Optional[float] = None) -> ResultRecord:
     """The result of a job's attempt, as ``result.json`` and the registry keep it."""
@@ -190,7 +203,8 @@ def result_record(plan: JobPlan, outcome: JobOutcome, return_value: Any, attempt
         job=plan.num, name=plan.name, attempt=attempt_id,
         overrides=tuple(masked_overrides(plan.overrides, plan.secret_names)), status=outcome.status,
         num_nodes=plan.num_nodes, devices=plan.devices, world_size=plan.world_size, machine=plan.machine.name,
-        summary_metric=plan.summary_metric, duration_s=outcome.duration_s, stop_latency_s=outcome.stop_latency_s,
+        summary_metric=summary_key(plan, return_value if completed else None), duration_s=outcome.duration_s,
+        stop_latency_s=outcome.stop_latency_s,
         scheduler_id=outcome.scheduler_id, started_at=started_at, ended_at=ended_at,
         return_value=_jsonable(return_value) if completed else None, failure=outcome.failure,
         error=None if completed else str(error_for(plan, outcome)))

@@ -4,18 +4,26 @@ starts, instead of the two deleting each other's payload and overwriting each ot
 A launch holds an flock on ``.mmt/lock`` for as long as its process (or its detached supervisor) lives, and writes
 ``.mmt/owner.json`` (which attempt, which backend, which scheduler job). A dir whose lock is free may still belong to
 a job that outlived its launcher (a SLURM job whose launcher was killed or detached): the backend says whether the
-owner's scheduler job is still active.
+owner's scheduler job is still active. With the dir, a claim holds its attempt's beacon in the run dir
+(mmt.records.liveness): what says the launch is alive, and takes its stop requests, where the job cannot delete it.
+
+A Hydra launch also owns its sweep dir, from its launcher's ``setup()`` on (:func:`claim_sweep`): an flock on the
+sweep dir's ``.mmt.lock`` taken before anything is checked, so of two launches started into one sweep dir at once
+exactly one gets past ``setup()``, and the other is refused before Hydra's sweeper writes its ``multirun.yaml`` over
+the first's.
 """
 
 import fcntl
+import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 from mmt.core.errors import UsageError
 from mmt.core.jobdir import JobDir, SweepDir, make_private_dir
+from mmt.records.liveness import Beacon, flock_held
 from mmt.records.schema import OwnerRecord, UnknownSchemaError
 
 
@@ -31,14 +39,24 @@ class Claim:
     job_dir: JobDir
     fd: int
     owner: OwnerRecord
+    # the attempt's lock in the run dir (None where that cannot be written)
+    beacon: Optional[Beacon] = field(default=None, repr=False)
 
     def update(self, **facts: Any) -> None:
         """owner.json with ``facts`` added (OwnerRecord's fields: the scheduler's id once submitted)."""
         self.owner = self.owner.with_facts(**facts)
         self.owner.write(self.job_dir.owner)
 
+    def stop_requested(self) -> bool:
+        """Whether someone asked this attempt to stop (mmt stop)."""
+        return self.beacon is not None and self.beacon.stop_requested()
+
     def release(self, forget: bool = True) -> None:
-        """Give the dir up; ``forget``: also remove owner.json and, when empty, the private dir."""
+        """Give the dir up, and the attempt's beacon; ``forget``: also remove owner.json and, when empty, the
+        private dir."""
+        if self.beacon is not None:
+            self.beacon.release()
+            self.beacon = None
         if forget:
             self.job_dir.owner.unlink(missing_ok=True)
             self.job_dir.lock.unlink(missing_ok=True)
@@ -90,6 +108,8 @@ def claim(job_dir: JobDir, owner: Union[OwnerRecord, Mapping[str, Any]], still_a
         record = owner if isinstance(owner, OwnerRecord) else OwnerRecord.of_this_process(**owner)
         result = Claim(job_dir=job_dir, fd=fd, owner=record)
         result.update()
+        if record.attempt:
+            result.beacon = Beacon.hold(record.job_id, record.attempt)
     except BaseException:
         os.close(fd)
         raise
@@ -140,16 +160,80 @@ def read_owner(job_dir: Path) -> Optional[OwnerRecord]:
 
 
 def lock_is_held(job_dir: Path) -> bool:
-    """Whether a live process (a launcher, a detached supervisor) holds the job dir's lock."""
+    """Whether a live process (a launcher, a detached supervisor) holds the job dir's lock. (Whether a registered
+    job's supervisor is alive is mmt.records.liveness's question: the job may have deleted its dir.)"""
+    return flock_held(JobDir(job_dir).lock) is True
+
+
+# ------------------------------------------------------------------------------------------------ the sweep dir
+
+
+@dataclass
+class SweepClaim:
+    """A Hydra launch's hold on its sweep dir, from its launcher's setup() until the launcher goes (at the latest,
+    with its process)."""
+
+    path: Path
+    fd: int
+    key: Tuple[int, int]
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            if _HELD.get(self.key) is self:
+                del _HELD[self.key]
+            os.close(self.fd)
+            self.fd = -1
+
+
+# the sweep dirs this process holds, by the lock file's (device, inode): a launch in this process into a sweep dir an
+# earlier launch of this process still holds (an app that runs its sweep again, its first launcher not collected
+# yet) takes the hold over: launches in one process run one after the other
+_HELD: Dict[Tuple[int, int], SweepClaim] = {}
+
+
+def _sweep_holder(fd: int) -> str:
     try:
-        fd = os.open(JobDir(job_dir).lock, os.O_RDWR)
-    except OSError:
-        return False
+        facts = json.loads(os.pread(fd, 4096, 0) or b"null")
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(facts["started"])))
+        return f"pid {int(facts['pid'])} on {facts['host']}, started {started}"
+    except (OSError, ValueError, TypeError, KeyError):
+        return "another mmt launch"
+
+
+def claim_sweep(sweep_dir: Path, still_active: StillActive) -> SweepClaim:
+    """Own ``sweep_dir`` for this launch, or raise UsageError naming who does: the sweep dir's lock, taken at once
+    (never waited for), then the job dirs in it that a live launch owns refused (:func:`refuse_sweep_in_use`:
+    a detached supervisor's, or a SLURM job's that outlived its launcher)."""
+    sweep = SweepDir(sweep_dir)
+    try:
+        sweep.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(sweep.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise UsageError(f"cannot use hydra.sweep.dir {sweep_dir}: {exc.strerror or exc}. HINT: choose a writable "
+                         "hydra.sweep.dir") from None
+    info = os.fstat(fd)
+    key = (info.st_dev, info.st_ino)
+    earlier = _HELD.pop(key, None)
+    if earlier is not None:
+        earlier.release()
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
     except BlockingIOError:
-        return True
-    finally:
+        holder = _sweep_holder(fd)
         os.close(fd)
+        raise UsageError(f"hydra.sweep.dir {sweep_dir} is in use by a live launch ({holder}). {_IN_USE_HINT}") \
+            from None
+    held = SweepClaim(path=sweep.lock, fd=fd, key=key)
+    facts = OwnerRecord.of_this_process()
+    try:  # who holds it, for the message of a launch it refuses
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": facts.pid, "host": facts.host, "started": facts.started}).encode(), 0)
+    except OSError:
+        pass
+    try:
+        refuse_sweep_in_use(sweep_dir, still_active)
+    except BaseException:
+        held.release()
+        raise
+    _HELD[key] = held
+    return held

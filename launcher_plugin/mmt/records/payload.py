@@ -4,9 +4,14 @@
 :class:`JobPayload`: the plan, Hydra's job callbacks, the task function, the composed job config, Hydra's
 singletons).
 Both are the owner's only, and a payload is only unpickled from a dir that this user owns and nobody else can
-write to: a pickle is code.
+write to: a pickle is code. That dir is the private one that holds it (``.mmt/attempts/<id>``, a sweep's ``.mmt``,
+0700 whatever the umask); the dirs above it are the user's own (``hydra.sweep.dir``, made under their umask:
+group-writable under 002) and are not what keeps a pickle safe: the private dir is opened once, without following a
+symlink, checked by its descriptor, and the pickle opened relative to it, so a dir swapped in after the check is
+never read.
 """
 
+import errno
 import json
 import os
 import pickle
@@ -14,7 +19,7 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import cloudpickle
 
@@ -45,31 +50,63 @@ def write_payload(attempt: Attempt, payload: JobPayload) -> None:
 
 def read_plan(attempt: Attempt) -> JobPlan:
     """The plan alone (no Hydra, no app code): what a job's conclusion needs."""
-    check_private(attempt.dir)
-    with open(attempt.plan, "rb") as handle:
+    with open_private(attempt.plan) as handle:
         plan = pickle.load(handle)
     assert isinstance(plan, JobPlan), type(plan)
     return plan
 
 
+def _refuse_unsafe(info: os.stat_result, path: Path) -> None:
+    if info.st_uid != os.geteuid():
+        raise UnsafePayloadError(f"{path} belongs to uid {info.st_uid}, not to this user: not loading its pickles")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafePayloadError(f"{path} is writable by others (mode {stat.filemode(info.st_mode)}): not loading "
+                                 "its pickles")
+
+
+def open_private(path: Path) -> BinaryIO:
+    """``path`` opened for reading when its dir, and the file itself, are this user's and nobody else can write them
+    (UnsafePayloadError otherwise; FileNotFoundError when either is missing). Neither is followed through a
+    symlink; the dir is checked by the descriptor the file is then opened relative to."""
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and path.parent.is_symlink():
+            raise UnsafePayloadError(f"{path.parent} is a symlink: not loading its pickles") from None
+        raise
+    try:
+        _refuse_unsafe(os.fstat(dir_fd), path.parent)
+        try:
+            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafePayloadError(f"{path} is a symlink: not loading it") from None
+            raise
+    finally:
+        os.close(dir_fd)
+    try:
+        _refuse_unsafe(os.fstat(fd), path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
 def check_private(path: Path) -> None:
-    """Refuse a dir (and the one above it) that is not this user's or that others can write to."""
-    for directory in (path, path.parent):
-        info = os.stat(directory)
-        if info.st_uid != os.geteuid():
-            raise UnsafePayloadError(f"{directory} belongs to uid {info.st_uid}, not to this user: not loading "
-                                     "its pickles")
-        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise UnsafePayloadError(f"{directory} is writable by others (mode {stat.filemode(info.st_mode)}): "
-                                     "not loading its pickles")
+    """Refuse a dir that is not this user's or that others can write to (or a symlink to one). The dir above it is
+    not checked: see :func:`open_private`, which the pickles are read with."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        raise UnsafePayloadError(f"{path} is a symlink: not loading its pickles")
+    _refuse_unsafe(info, path)
 
 
 def read_payload(attempt: Attempt) -> JobPayload:
-    check_private(attempt.dir)
-    meta = json.loads(attempt.payload_meta.read_text())
+    with open_private(attempt.payload_meta) as handle:
+        meta = json.loads(handle.read())
     # the task function and config may reference modules next to the app (recipes/): import them the same way
     sys.path[:] = list(meta["sys_path"])
-    with open(attempt.payload, "rb") as handle:
+    with open_private(attempt.payload) as handle:
         return cloudpickle.load(handle)
 
 

@@ -7,9 +7,10 @@ from typing import Optional
 
 from mmt.core.jobdir import JobDir
 from mmt.core.states import JobState
+from mmt.records import liveness
 from mmt.records.payload import discard_payload
 from mmt.records.registry import JobRecord, Registry
-from mmt.records.schema import ResultRecord
+from mmt.records.schema import ResultRecord, UnknownSchemaError
 
 
 def own_result(record: JobRecord) -> Optional[ResultRecord]:
@@ -25,16 +26,37 @@ def job_num(record: JobRecord) -> int:
 
 
 def conclude_orphan(record: JobRecord, registry: Registry, reason: str) -> JobRecord:
-    """FAILED, with ``reason``, unless another process got there first (then its record)."""
+    """FAILED, with ``reason``, unless another process got there first (then its record). The job dir says so too
+    (``result.json``, when the dir is there and holds no result of this attempt): what reads job dirs (the live
+    page, a rerun) must not take the job for running."""
+    ended = time.time()
+    started = record.started_at
     result = ResultRecord(status=JobState.FAILED, error=f"{record.name}: {reason}", attempt=record.attempt,
-                          job=job_num(record), ended_at=time.time())
+                          job=job_num(record), name=record.name, overrides=tuple(record.overrides),
+                          num_nodes=record.num_nodes, devices=record.devices, machine=record.machine,
+                          scheduler_id=record.scheduler_id, started_at=started, ended_at=ended,
+                          duration_s=ended - started if started is not None else None)
     as_dict = result.to_dict()
     if registry.conclude_orphan(record.name, record.attempt, as_dict):
         record.state, record.result, record.ended_at = result.status.value, as_dict, result.ended_at
+        _write_orphan_result(record, result)
+        liveness.forget(record.job_id, record.attempt)
         # nothing will run it: its pickled config and copied secrets go (the records stay, for what they tell)
         discard_payload(JobDir(Path(record.job_dir)).attempt(record.attempt))
         return record
     return registry.get(record.name) or record
+
+
+def _write_orphan_result(record: JobRecord, result: ResultRecord) -> None:
+    job_dir = JobDir(Path(record.job_dir))
+    if not job_dir.root.is_dir():
+        return  # a job that deleted its own dir: nothing is made again for it
+    try:
+        if own_result(record) is not None:
+            return
+        result.write(job_dir.result)
+    except (OSError, UnknownSchemaError):  # unwritable, or a newer mmt's result there: the registry keeps it
+        pass
 
 
 def save(record: JobRecord, registry: Registry, state: str, result: Optional[ResultRecord]) -> JobRecord:
@@ -51,9 +73,10 @@ def save(record: JobRecord, registry: Registry, state: str, result: Optional[Res
 
 
 def request_stop(record: JobRecord) -> str:
-    """A stop request in the job's attempt dir: whoever supervises the job checks for one every half second."""
-    attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
-    if attempt.dir.exists():
-        attempt.stop_request.touch()
-        return f"{record.name}: asked its supervisor (pid {record.supervisor_pid}) to stop it"
-    return f"{record.name}: nothing to stop (its attempt dir is gone)"
+    """A stop request in the run dir (never in the job dir, which the job may have deleted): whoever supervises the
+    job checks for one every half second."""
+    try:
+        liveness.request_stop(record.job_id, record.attempt)
+    except OSError as exc:
+        return f"{record.name}: could not ask its supervisor to stop it: {exc.strerror or exc}"
+    return f"{record.name}: asked its supervisor (pid {record.supervisor_pid}) to stop it"

@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     scheduler_id TEXT,
     supervisor_pid INTEGER,
     supervisor_host TEXT,
+    supervisor_start INTEGER,
     detached INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,
     started_at REAL,
@@ -63,6 +64,28 @@ def home() -> Path:
     return Path(os.environ.get(HOME_VAR) or Path.home() / ".mmt")
 
 
+class RegistryError(UsageError):
+    """The registry file cannot be used (damaged, not SQLite, read-only, unreadable): one line saying what to do."""
+
+
+def unusable(path: Path, exc: BaseException) -> RegistryError:
+    """The error for registry ``path`` that raised ``exc``, with what to do about it."""
+    text = str(exc) or type(exc).__name__
+    lowered = text.lower()
+    if "not a database" in lowered or "malformed" in lowered or "corrupt" in lowered:
+        hint = (f"the file is damaged: move it aside (mv {path} {path}.broken) and mmt starts a new one; every "
+                "job's files stay in its job dir")
+    elif "locked" in lowered or "busy" in lowered:
+        hint = "another mmt process holds it: try again in a moment"
+    elif "readonly" in lowered or "read-only" in lowered or isinstance(exc, PermissionError) or "unable to open" \
+            in lowered or "permission" in lowered:
+        hint = (f"mmt writes it on every command: make {path.parent} and the file readable and writable by you, "
+                f"or point {HOME_VAR} at a directory that is")
+    else:
+        hint = f"check the file, or point {HOME_VAR} at another directory"
+    return RegistryError(f"the job registry {path} cannot be used: {text}. HINT: {hint}")
+
+
 @dataclass
 class JobRecord:
     name: str
@@ -81,6 +104,8 @@ class JobRecord:
     scheduler_id: Optional[str] = None
     supervisor_pid: Optional[int] = None
     supervisor_host: Optional[str] = None
+    # when the supervisor process started (mmt.core.proctree.start_time): its pid is that process, not a reuse
+    supervisor_start: Optional[int] = None
     detached: bool = False
     created_at: float = 0.0
     started_at: Optional[float] = None
@@ -131,23 +156,32 @@ class Registry:
     def _open(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         connection = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-        if self.path.stat().st_mode & 0o077:
-            os.chmod(self.path, 0o600)  # names, dirs and results: the owner's business
-        connection.row_factory = sqlite3.Row
-        connection.execute("PRAGMA journal_mode=WAL")
-        # WAL with synchronous=NORMAL: every transaction is atomic and the file consistent after any crash; a power
-        # cut may lose the last ones (the job dirs still hold every result)
-        connection.execute("PRAGMA synchronous=NORMAL")
-        connection.execute("PRAGMA busy_timeout=30000")
-        connection.execute(_SCHEMA)
-        _add_missing_columns(connection)
+        try:
+            if self.path.stat().st_mode & 0o077:
+                os.chmod(self.path, 0o600)  # names, dirs and results: the owner's business
+            connection.row_factory = sqlite3.Row
+            connection.execute("PRAGMA journal_mode=WAL")
+            # WAL with synchronous=NORMAL: every transaction is atomic and the file consistent after any crash; a
+            # power cut may lose the last ones (the job dirs still hold every result)
+            connection.execute("PRAGMA synchronous=NORMAL")
+            connection.execute("PRAGMA busy_timeout=30000")
+            connection.execute(_SCHEMA)
+            _add_missing_columns(connection)
+        except BaseException:
+            connection.close()
+            raise
         return connection
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        if self._connection is None or self._pid != os.getpid():
-            self._connection, self._pid = self._open(), os.getpid()
-        yield self._connection
+        """The connection; a registry that cannot be used (a damaged file, a read-only or unreadable one) raises
+        RegistryError, one line saying what to do, instead of sqlite's traceback."""
+        try:
+            if self._connection is None or self._pid != os.getpid():
+                self._connection, self._pid = self._open(), os.getpid()
+            yield self._connection
+        except (sqlite3.Error, OSError) as exc:
+            raise unusable(self.path, exc) from exc
 
     def add(self, records: List[JobRecord]) -> None:
         """Register jobs, all or none; a taken name is refused (names identify jobs: `mmt logs NAME`)."""

@@ -4,15 +4,99 @@ The SDK's ``mmt.Job`` is this handle with Lightning's ``run``/``get``; a detache
 """
 
 import enum
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
+from mmt.core.errors import ConfigError, UsageError
 from mmt.core.states import ProcessState
-from mmt.core.jobdir import JobDir
+from mmt.core.jobdir import JobDir, process_log_name
+from mmt.launching.report import metric_of
+from mmt.service import logs as log_files
 from mmt.service import status as job_status
+from mmt.service.machines import Machine, MachineType
 from mmt.records.registry import JobRecord, Registry
+
+#: what ``job.machines[i].logs`` holds at most of one node's logs (the end of each; the files keep everything)
+MACHINE_LOG_BYTES = 16 * 1024 * 1024
+
+
+class JobDirGone(UsageError):
+    """The job's dir was deleted: its logs and the files it wrote are gone (its registry record stays)."""
+
+    def __init__(self, record: JobRecord) -> None:
+        self.job_dir = record.job_dir
+        super().__init__(f"the job dir {record.job_dir} of {record.name} was deleted: its logs and files are gone "
+                         f"(the registry still records it as {job_status.lightning_status(record.state)}). "
+                         f"HINT: `mmt delete {record.name}` forgets it")
+
+
+def log_range(record: JobRecord) -> Tuple[int, str]:
+    """(how many logs ``rank`` may name, what they are in words) for a job: every rank, or every node for a
+    per-node command job."""
+    per_node = record.command is not None and record.command_mode == "per_node"
+    count = record.num_nodes if per_node else record.num_nodes * record.devices
+    span = "0" if count == 1 else f"0-{count - 1}"
+    if per_node:
+        return count, (f"{'machine' if count == 1 else 'machines'} {span} of this {record.num_nodes}-machine job "
+                       "(its command runs once per machine: the rank names the machine)")
+    return count, f"{'rank' if count == 1 else 'ranks'} {span} of this {record.num_nodes} x {record.devices} job"
+
+
+def check_rank(record: JobRecord, rank: Any) -> int:
+    count, allowed = log_range(record)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < count:
+        raise ConfigError("rank", rank, f"expected one of {allowed}")
+    return rank
+
+
+def check_tail(tail: Any) -> Optional[int]:
+    if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 1):
+        raise ConfigError("tail", tail, "expected a whole number >= 1", "leave it out for the whole log")
+    return tail
+
+
+def _metric(result: Any) -> Optional[str]:
+    """``name=value`` of a completed job's result (a ResultRecord), else None."""
+    if result is None or not result.completed:
+        return None
+    metric = metric_of(result.return_value, result.summary_metric)
+    return None if metric["value"] == "-" else f"{metric['name']}={metric['value']}"
+
+
+def job_row(record: JobRecord) -> Dict[str, Any]:
+    """A job as `mmt list` shows it (and ``--json`` prints it)."""
+    result = record.result_record()
+    duration = result.duration_s if result else None
+    if duration is None and record.started_at:
+        duration = (record.ended_at or time.time()) - record.started_at
+    return {"name": record.name, "status": job_status.lightning_status(record.state), "state": record.state,
+            "cluster": record.backend, "machine": record.machine, "topology": f"{record.num_nodes} x {record.devices}",
+            "scheduler_id": record.scheduler_id,
+            "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created_at)),
+            "duration_s": round(duration, 1) if duration is not None else None, "dir": record.job_dir,
+            "metric": _metric(result), "detached": record.detached}
+
+
+def node_status(record: JobRecord, node: int) -> str:
+    """An ended or waiting job's node, by its record: a failed job's other nodes were stopped."""
+    job = job_status.lightning_status(record.state)
+    result = record.result_record()
+    failure = result.failure if result else None
+    if job == "Failed" and failure is not None and failure.node_rank != node:
+        return "Stopped"
+    return job
+
+
+def job_facts(record: JobRecord) -> Dict[str, Any]:
+    """A job in detail, as `mmt inspect --json` prints it and ``job.dict()`` returns it."""
+    return {**job_row(record), "job_id": record.job_id, "attempt": record.attempt, "command": record.command,
+            "overrides": record.overrides, "sweep_dir": record.sweep_dir, "supervisor_pid": record.supervisor_pid,
+            "dir_exists": Path(record.job_dir).is_dir(), "link": Path(record.job_dir).absolute().as_uri(),
+            "result": record.result,
+            "machines": [{"rank": n, "status": node_status(record, n)} for n in range(record.num_nodes)]}
 
 
 class Status(str, enum.Enum):
@@ -56,6 +140,8 @@ class MachineRun:
 
     @property
     def logs(self) -> str:
+        """The node's output (its command's, or its ranks' one after the other): the end of each log, at most
+        MACHINE_LOG_BYTES in all, with a line saying what was left out (``job.logs(rank=...)`` reads it all)."""
         return self.job._node_logs(self.rank)
 
 
@@ -94,8 +180,21 @@ class RegisteredJob:
         return self.num_machines > 1
 
     @property
-    def machine(self) -> str:
-        return self._registry.require(self.name).machine
+    def machine(self) -> MachineType:
+        """Lightning's ``Machine`` (a ``str``: the catalogue name; ``.name``: Lightning's, e.g. ``A100_X_8``)."""
+        return Machine.from_str(self._registry.require(self.name).machine)
+
+    @property
+    def link(self) -> str:
+        """Where to look at the job: its dir as a file:// URL (``mmt dashboard DIR`` serves the live page)."""
+        return Path(self._registry.require(self.name).job_dir).absolute().as_uri()
+
+    def dict(self) -> Dict[str, Any]:
+        """The job's record, brought up to date (what ``mmt inspect --json`` prints)."""
+        return job_facts(self._record())
+
+    def json(self) -> str:
+        return json.dumps(self.dict(), indent=2)
 
     @property
     def command(self) -> Optional[str]:
@@ -139,39 +238,35 @@ class RegisteredJob:
         job_status.stop(self._record())
 
     def logs(self, rank: int = 0, follow: bool = False, tail: Optional[int] = None) -> Union[str, Iterator[str]]:
-        """Rank ``rank``'s output (a per-node command job: node ``rank``'s); ``follow``: an iterator of lines that
-        ends when the job has ended."""
-        path = self._log_path(rank)
+        """Rank ``rank``'s output (a per-node command job: node ``rank``'s): all of it, or its last ``tail`` lines;
+        ``follow``: an iterator of lines (from the last ``tail`` ones, if given) that ends when the job has ended.
+        Read in bounded chunks, the last lines found by seeking back from the end: a huge log costs no more memory
+        than what is returned. JobDirGone when the job dir was deleted."""
+        path, start = self.log_start(rank, tail)
         if follow:
-            return self._follow(path)
-        text = path.read_text(errors="replace") if path.exists() else ""
-        return "".join(text.splitlines(keepends=True)[-tail:]) if tail else text
+            return log_files.follow(path, start, lambda: self.status.final)
+        return log_files.read_text(path, start) if path.exists() else ""
+
+    def log_start(self, rank: int = 0, tail: Optional[int] = None) -> Tuple[Path, int]:
+        """(rank ``rank``'s log file, the byte offset of its last ``tail`` lines, 0 for all of it), checked: a
+        rank the job has, a ``tail`` >= 1, a job dir that still exists."""
+        check_tail(tail)
+        path = self._log_path(rank)
+        if tail is None or not path.exists():
+            return path, 0
+        return path, log_files.tail_offset(path, tail)
 
     # ------------------------------------------------------------------------------------------ internals
 
     def _log_path(self, rank: int) -> Path:
         record = self._registry.require(self.name)
+        check_rank(record, rank)
+        if not Path(record.job_dir).is_dir():
+            raise JobDirGone(record)
         per_node = record.command is not None and record.command_mode == "per_node"
         node = rank if per_node else rank // record.devices
-        return JobDir(Path(record.job_dir)).log(node, rank, per_node)
-
-    def _follow(self, path: Path) -> Iterator[str]:
-        offset, partial = 0, ""
-        while True:
-            ended = self.status.final
-            if path.exists():
-                with open(path, errors="replace") as handle:
-                    handle.seek(offset)
-                    data = handle.read()
-                    offset = handle.tell()
-                lines = (partial + data).split("\n")
-                partial = lines.pop()
-                yield from (line + "\n" for line in lines)
-            if ended:
-                if partial:
-                    yield partial
-                return
-            time.sleep(0.5)
+        # this job's own attempt: a later run into the same dir set its logs aside (logs/previous/<attempt>/)
+        return JobDir(Path(record.job_dir)).logs_of(record.attempt) / process_log_name(node, rank, per_node)
 
     def _node_status(self, node: int) -> Status:
         job = self.status
@@ -186,4 +281,29 @@ class RegisteredJob:
         return job
 
     def _node_logs(self, node: int) -> str:
-        return "".join(p.read_text(errors="replace") for p in JobDir(self.dir).node_logs(node))
+        record = self._registry.require(self.name)
+        if not Path(record.job_dir).is_dir():
+            raise JobDirGone(record)
+        paths = JobDir(Path(record.job_dir)).node_logs(node, record.attempt)
+        budget = MACHINE_LOG_BYTES // max(1, len(paths))
+        parts: List[str] = []
+        for path in paths:
+            try:
+                size = path.stat().st_size
+                start = 0 if size <= budget else _line_start_after(path, size - budget)
+                if start:
+                    parts.append(f"[mmt] the first {start} bytes of {path} are not shown here; job.logs(rank=...) "
+                                 "or the file has them\n")
+                parts.append(log_files.read_text(path, start, size))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+        return "".join(parts)
+
+
+def _line_start_after(path: Path, offset: int) -> int:
+    """The first line start at or after byte ``offset`` (``offset`` itself when no newline follows soon)."""
+    with open(path, "rb") as handle:
+        handle.seek(max(0, offset - 1))
+        data = handle.read(log_files.BLOCK)
+    newline = data.find(b"\n")
+    return offset if offset == 0 or newline < 0 else max(0, offset - 1) + newline + 1

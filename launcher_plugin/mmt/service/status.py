@@ -2,7 +2,7 @@
 status names Lightning uses, and a handle to re-attach to it (``mmt wait``)."""
 
 from pathlib import Path
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 from mmt.backends.base import JobHandle, JobTracker
 from mmt.backends.registry import backend_class
@@ -11,6 +11,7 @@ from mmt.core.states import JobState, ProcessState
 from mmt.launching.report import SummaryRow, first_line, metric_of
 from mmt.records.outcome import process_state
 from mmt.records.registry import JobRecord, Registry
+from mmt.records.scheduler import SchedulerRecord, read_scheduler
 
 # Lightning's job states (lightning_sdk.status.Status) for mmt's
 LIGHTNING_STATUS = {
@@ -26,6 +27,12 @@ LIGHTNING_STATUS = {
 
 def lightning_status(state: str) -> str:
     return LIGHTNING_STATUS[JobState(state)]
+
+
+def scheduler_view(record: JobRecord) -> Optional[SchedulerRecord]:
+    """What the scheduler last said of the job's attempt (why it waits, that it can never start, since when the
+    scheduler does not answer), as the last refresh or watcher recorded it; None when nothing was recorded."""
+    return read_scheduler(JobDir(Path(record.job_dir)).attempt(record.attempt))
 
 
 def process_states(record: JobRecord, node: int) -> "frozenset[ProcessState]":

@@ -5,12 +5,14 @@ catalogue, the cluster settings, and the project's own ``conf/`` when there is o
 through the same planning, validation, dry run, engine and backends as a Hydra app's ``python train.py -m``.
 """
 
+import difflib
+import math
 import os
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from mmt.core.errors import ConfigError
 from mmt.launching import engine, prepare
@@ -19,6 +21,26 @@ from mmt.planning import dryrun
 from mmt.planning.machine import canonical_name
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(sec|min|s|m|h|d)")
+DURATION_EXPECTED = "expected a duration > 0: seconds (3600), or with units: 90s, 90m, 1h, 1h30m, 2d"
+
+
+def max_runtime_s(key: str, value: Any) -> float:
+    """A job's time limit in seconds: a number of seconds (Lightning's ``max_runtime``) or a duration with units
+    ("90m", "1h30m", "3600s"); ConfigError naming ``key`` for anything else, zero or less included."""
+    seconds: Optional[float] = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        if re.fullmatch(r"[+-]?\d+(?:\.\d+)?", text):
+            seconds = float(text)
+        elif text and re.fullmatch(rf"(?:{_DURATION_PART.pattern}\s*)+", text):
+            seconds = sum(float(n) * _UNITS[unit] for n, unit in _DURATION_PART.findall(text))
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(key, value, DURATION_EXPECTED)
+    return seconds
 
 
 def no_task(_cfg: Any) -> None:
@@ -83,12 +105,29 @@ def _overrides(spec: RunSpec, name: str) -> List[str]:
     return overrides + list(spec.overrides)
 
 
+def _missing_config(exc: Any) -> Optional[ConfigError]:
+    """A config group option that does not exist (``--machine A100X8``, ``cluster=mysite``) in one line: what
+    exists, and the closest names; None for what is not that."""
+    group, _, wanted = str(getattr(exc, "missing_cfg_file", None) or "").partition("/")
+    options = list(getattr(exc, "options", None) or [])
+    if not group or not wanted or not options:
+        return None
+    close = difflib.get_close_matches(wanted, options, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    if group == "machine":
+        hint += "Lightning's names work in any case (A100_X_8, t4); a site's own: conf/machine/<name>.yaml here"
+    elif group == "cluster":
+        hint += "a site's own cluster: conf/cluster/<name>.yaml in this directory"
+    return ConfigError(group, wanted, f"there is no such {group}; there are: {', '.join(options)}", hint or None)
+
+
 def _compose(spec: RunSpec, name: str) -> Tuple[Any, Any]:
     """(hydra context, master config) for the job, composed like Hydra's multirun does."""
     from hydra import compose, initialize_config_module
     from hydra._internal.callbacks import Callbacks
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import MissingConfigException
     from hydra.types import HydraContext
     from omegaconf import open_dict
 
@@ -98,7 +137,13 @@ def _compose(spec: RunSpec, name: str) -> Tuple[Any, Any]:
     project = Path.cwd() / "conf"
     if (project / "cluster").is_dir() or (project / "machine").is_dir():
         overrides.append(f"hydra.searchpath=[file://{project}]")  # the project's site clusters and machines
-    master = compose(config_name="run", overrides=overrides, return_hydra_config=True)
+    try:
+        master = compose(config_name="run", overrides=overrides, return_hydra_config=True)
+    except MissingConfigException as exc:
+        missing = _missing_config(exc)
+        if missing is None:
+            raise
+        raise missing from None
     with open_dict(master):
         master.hydra.runtime.cwd = os.getcwd()
     HydraConfig.instance().set_config(master)
@@ -131,16 +176,56 @@ def _check(spec: RunSpec) -> None:
         prepare.check_name("name", spec.name)
 
 
+# the planner's keys for what a RunSpec sets -> (the RunSpec's and SDK's name, the value the spec set, the value to
+# show, a hint in those terms or None to keep the planner's): an error is reported in the caller's terms, not the
+# config's (a CLI user typed --num-machines, not num_nodes)
+_SPEC_KEYS: Dict[str, Tuple[str, Callable[[RunSpec], Any], Callable[[Any], Any], Optional[str]]] = {
+    "num_nodes": ("num_machines", lambda s: s.num_machines, lambda v: v, "machines per job, e.g. num_machines=2"),
+    "devices": ("devices", lambda s: s.devices, lambda v: v, "processes per machine, e.g. devices=2"),
+    "command_mode": ("command_mode", lambda s: s.command_mode, lambda v: v, "per_node or per_rank"),
+    "hydra.launcher.timeout_min": ("max_runtime", lambda s: s.timeout_min,
+                                   lambda v: float(f"{v * 60:.6g}") if isinstance(v, (int, float)) else v,
+                                   "seconds, or a duration such as 90m or 2h"),
+    "image": ("image", lambda s: s.image, lambda v: v, None),
+}
+
+
+def _in_spec_terms(exc: ConfigError, spec: RunSpec) -> ConfigError:
+    """The planner's error about a value the spec set, in the spec's names (an error about a value given some
+    other way, a --set override, keeps the planner's names: that is what was typed)."""
+    mapped = _SPEC_KEYS.get(exc.key)
+    if mapped is None:
+        return exc
+    name, given, shown, hint = mapped
+    try:
+        same = given(spec) is not None and given(spec) == exc.value
+    except Exception:  # noqa: BLE001  (values of any type: a mismatch means no mapping)
+        same = False
+    if not same:
+        return exc
+    return ConfigError(name, shown(exc.value), exc.expected, hint if hint is not None else exc.hint)
+
+
 def run(spec: RunSpec, console: Optional[Console] = None) -> Union[engine.LaunchReport, List[engine.Submitted], str]:
     """Plan and start the job: a dry run's text, the submitted job (detached), or the report of the attached run."""
     _check(spec)
     name = spec.name or default_name()
     context, master = _compose(spec, name)
+    if spec.detach and master.hydra.launcher.get("dashboard"):
+        raise ConfigError("hydra.launcher.dashboard", True, "the live page lasts as long as an attached run, and a "
+                          "detached one returns at once", "leave it out, and run `mmt dashboard` when you want the "
+                          "page: it shows every registered job")
     backend = prepare.make_backend(master.hydra.launcher)
     try:
-        job = prepare.prepare_job(hydra_context=context, master=master, task_function=no_task, backend=backend,
-                                     overrides=list(master.hydra.overrides.task), num=0, name=name,
-                                     amend=_literal_values(spec))
+        try:
+            job = prepare.prepare_job(hydra_context=context, master=master, task_function=no_task, backend=backend,
+                                      overrides=list(master.hydra.overrides.task), num=0, name=name,
+                                      amend=_literal_values(spec))
+        except ConfigError as exc:
+            mapped = _in_spec_terms(exc, spec)
+            if mapped is exc:
+                raise
+            raise mapped from None
         plan = job.prepared.plan
         if plan.dry_run:
             return dryrun.render(plan, backend.describe(plan))

@@ -53,7 +53,7 @@ class CommandFailedError(RuntimeError):
         how = f"was killed by {self.signal}" if self.signal else f"exited with code {returncode}"
         super().__init__(f"command {command!r} {how}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Any, ...]:
         return (CommandFailedError, (self.command, self.returncode))
 
 
@@ -65,7 +65,7 @@ class FrameworkAddressError(CommandFailedError):
         self.reason = reason
         self.args = (reason,)
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Any, ...]:
         return (FrameworkAddressError, (self.command, self.returncode, self.reason))
 
 

@@ -1,25 +1,26 @@
 """Local jobs as registered, from any process: their state from the job dir, and a stop request. A local job is
-running while its supervisor (the launcher, or a detached supervisor) holds the job dir's lock."""
+running while its supervisor (the launcher, or a detached supervisor) is alive: it holds the attempt's beacon in the
+run dir (mmt.records.liveness), which the job cannot delete, unlike its job dir."""
 
 from pathlib import Path
 
 from mmt.core.jobdir import JobDir
 from mmt.core.states import JobState
-from mmt.records.ownership import lock_is_held
+from mmt.records.liveness import supervisor_alive
 from mmt.records.reconcile import conclude_orphan, own_result, save
 from mmt.records.registry import JobRecord, Registry
 
 
 def refresh(record: JobRecord, registry: Registry) -> JobRecord:
-    held = lock_is_held(Path(record.job_dir))  # before reading the result: the lock is released after it
+    alive = supervisor_alive(record)  # before reading the result: the beacon is released after it is written
     result = own_result(record)
-    if result is None and not held:
+    if result is None and not alive:
         return conclude_orphan(record, registry, _orphan_reason(record))
     started = JobDir(Path(record.job_dir)).logs.exists()
     return save(record, registry, JobState.RUNNING.value if result is None and started else record.state, result)
 
 
 def _orphan_reason(record: JobRecord) -> str:
-    if JobDir(Path(record.job_dir)).logs.exists():
+    if record.started_at is not None or JobDir(Path(record.job_dir)).logs.exists():
         return f"its supervisor (pid {record.supervisor_pid}) ended without concluding it (killed?)"
     return f"its launcher (pid {record.supervisor_pid}) ended before the job was started (killed?)"

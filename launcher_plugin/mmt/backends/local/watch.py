@@ -1,6 +1,7 @@
 """Local jobs seen from another process than the one supervising them (``mmt wait``, the SDK): watched through
-their job dirs. A job is running while its supervisor holds the job dir's lock; it ended when its result for this
-attempt is written; a lock released without a result means the supervisor was killed before it could conclude."""
+their job dirs and the run dir. A job is running while its supervisor is alive (mmt.records.liveness: its beacon in
+the run dir, which the job cannot delete); it ended when its result for this attempt is written; a supervisor gone
+without a result means it was killed before it could conclude."""
 
 import time
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from mmt.backends.base import JobHandle, JobSnapshot, Submission, Watcher
 from mmt.core.jobdir import JobDir
 from mmt.core.states import JobState
 from mmt.records.outcome import JobOutcome, outcome_of_record, read_result
-from mmt.records.ownership import lock_is_held
+from mmt.records import liveness
 from mmt.records.payload import read_plan
 from mmt.records.registry import JobRecord
 
@@ -22,6 +23,7 @@ class WatchedLocalJob(JobHandle):
     name: str
     supervisor_pid: Optional[int] = None
     outcome: Optional[JobOutcome] = None
+    record: Optional[JobRecord] = None
 
 
 class LocalWatcher(Watcher[WatchedLocalJob]):
@@ -30,12 +32,13 @@ class LocalWatcher(Watcher[WatchedLocalJob]):
     def attach(self, record: JobRecord) -> WatchedLocalJob:
         attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
         return WatchedLocalJob(submission=Submission(plan=read_plan(attempt), attempt=attempt), name=record.name,
-                               supervisor_pid=record.supervisor_pid)
+                               supervisor_pid=record.supervisor_pid, record=record)
 
     def poll(self, handle: WatchedLocalJob) -> JobSnapshot:
         if handle.outcome is None:
             job_dir = JobDir(Path(handle.plan.job_dir))
-            held = lock_is_held(job_dir.root)
+            assert handle.record is not None
+            held = liveness.supervisor_alive(handle.record)
             result = read_result(job_dir.root)
             if result is not None and result.concludes(handle.attempt.id):
                 handle.outcome = outcome_of_record(result)
@@ -48,8 +51,10 @@ class LocalWatcher(Watcher[WatchedLocalJob]):
 
     def cancel(self, handle: WatchedLocalJob, reason: str) -> None:
         """Ask the supervisor to stop the job (it checks for the request every half second)."""
-        if handle.attempt.dir.exists():
-            handle.attempt.stop_request.touch()
+        try:
+            liveness.request_stop(handle.plan.job_id, handle.attempt.id)
+        except OSError:
+            pass
 
     def wait(self, timeout_s: float) -> None:
         time.sleep(max(timeout_s, 0.2))  # a job dir is cheap to read: no scheduler to spare

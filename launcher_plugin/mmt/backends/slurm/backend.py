@@ -3,13 +3,16 @@
 Submitting returns at once; polling reads the job's attempt dir on the shared filesystem (every call: a job whose
 processes have all reported success is done without waiting for SLURM's epilog) and asks SLURM itself every
 ``poll_interval_s`` (``queue``). A job cancelled, killed or timed out outside is reported as such, never waited on.
+Why a job waits in the queue is shown (a notice, and the attempt's ``scheduler.json`` that ``mmt list`` and the live
+page read); a job that can never start (``pending``) is cancelled at once and FAILED, saying what it asks and what
+its partition offers; and a scheduler that stops answering is said so, with since when.
 """
 
 import os
 import shutil
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -18,19 +21,20 @@ from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission, Watch
 from mmt.records.outcome import JobOutcome
 
 from mmt.core.states import JobState
-from mmt.backends.slurm import queue
+from mmt.backends.slurm import pending, queue
 from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm import records
 from mmt.backends.slurm.sbatch import (SlurmSettings, job_name_for, python_command, render_script, sbatch_parameters,
                                          tasks_per_node)
 from mmt.backends.slurm.task import (FRAMEWORK_PORT_BASE, FRAMEWORK_PORT_SLOTS, FRAMEWORK_PORT_WINDOW,
                                      SlurmTask)
-from mmt.core.errors import ConfigError
+from mmt.core.errors import ConfigError, MMTError
 from mmt.core.jobdir import Attempt, JobDir, make_private_dir
 from mmt.records.outcome import all_succeeded
 from mmt.planning.plan import JobPlan, Limits
 from mmt.records.payload import read_plan
 from mmt.records.registry import JobRecord, Registry
+from mmt.records.scheduler import SchedulerRecord, clock, read_scheduler, write_scheduler
 from mmt.records.schema import OwnerRecord
 from omegaconf import DictConfig
 
@@ -49,6 +53,14 @@ class SlurmJob(JobHandle):
     stopped_because: Optional[str] = None
     final_state: Optional[str] = None
     outcome: Optional[JobOutcome] = None
+    # the scheduler's view of the job as last written to its attempt dir (scheduler.json)
+    view: Optional[SchedulerRecord] = None
+    # the pending reason last shown (and checked for one that never resolves)
+    reason: Optional[str] = None
+
+
+class SubmissionRefused(MMTError):
+    """sbatch refused a job: what SLURM said, what the job asks and what the partition offers, on one line."""
 
 
 def job_name(plan: JobPlan) -> str:
@@ -103,6 +115,9 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         self._accounting: Optional[bool] = None
         self._notices: List[str] = []
         self._watched: List[SlurmJob] = []
+        # the daemon that did not answer the last query (and since when), as said in a notice
+        self._unanswered: Optional[str] = None
+        self._unanswered_since: Optional[float] = None
 
     @classmethod
     def from_config(cls, launcher_cfg: DictConfig) -> "SlurmBackend":
@@ -177,7 +192,13 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
                          start_method=self.settings.start_method, max_requeues=self.settings.max_requeues,
                          copied_env=dict(submission.copied_env))
         with _private_files():
-            submitted = executor.submit(task)
+            try:
+                submitted = executor.submit(task)
+            except Exception as exc:
+                refused = _refusal(exc, plan, self.settings)
+                if refused is None:
+                    raise
+                raise refused from None
         job = SlurmJob(submission=submission, job_id=str(submitted.job_id),
                        stderr=Path(str(submitted.paths.stderr).replace("%t", "0")), submitted=time.monotonic())
         self._watched.append(job)
@@ -225,14 +246,38 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
     def _query(self) -> None:
         if self._accounting is None:
             self._accounting = queue.accounting_available()
-        ids = [job.job_id for job in self._watched if job.outcome is None]
-        self._states.update(queue.job_states(ids, accounting=self._accounting))
+        jobs = [job for job in self._watched if job.outcome is None]
+        answer = queue.query([job.job_id for job in jobs], accounting=self._accounting)
+        self._states.update(answer.states)
         self._next_query = time.monotonic() + self.settings.poll_interval_s
+        if jobs:
+            self._answered(jobs, answer)
+
+    def _answered(self, jobs: List[SlurmJob], answer: queue.Answer) -> None:
+        """Say once that a daemon stopped answering (and once that it answers again), and keep each job's
+        scheduler.json saying so: a state that does not change is then one the scheduler cannot tell, not a hang."""
+        who = answer.unanswered
+        if who != self._unanswered:
+            if who is not None:
+                self._unanswered_since = time.time()
+                self._notices.append(f"mmt: {who} is not answering ({_ASKED_WITH[who]} failed) since "
+                                     f"{time.strftime('%H:%M:%S')}; the jobs' states are the last ones seen until it "
+                                     "answers")
+            elif self._unanswered is not None:
+                self._notices.append(f"mmt: {self._unanswered} answers again (it did not since "
+                                     f"{clock(self._unanswered_since or time.time())})")
+            self._unanswered = who
+        for job in jobs:
+            if who is not None and job.job_id not in answer.states:
+                self._write_view(job, self._view(job).unanswered(who, now=self._unanswered_since))
 
     def _update(self, job: SlurmJob) -> None:
         now = time.monotonic()
         state = self._states.get(job.job_id)
         if state is not None:
+            self._note_queue(job, state)
+            if job.outcome is not None:  # it can never start: cancelled and concluded
+                return
             if state.state == "RUNNING" and job.started is None:
                 job.started = now
                 if job.state == JobState.PENDING:
@@ -249,10 +294,75 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         if state is None or not state.final:
             return
         job.final_state = state.state
+        never = read_scheduler(job.attempt)
+        if never is not None and never.never_starts and job.stopped_because is None:
+            # another process (`mmt list`) found it could never start, and cancelled it: FAILED, saying why
+            self._conclude(job, JobOutcome(JobState.FAILED, now - job.submitted, detail=never.message or "",
+                                           scheduler_id=job.job_id))
+            return
         self._conclude(job, conclude(job.plan, job.attempt, scheduler_id=job.job_id,
                                      duration_s=now - (job.started or job.submitted), slurm_state=job.final_state,
                                      stopped_because=job.stopped_because, stderr=job.stderr))
 
+    def _note_queue(self, job: SlurmJob, state: queue.JobState) -> None:
+        """Why the job waits, shown once per reason (a notice, scheduler.json); a reason that never resolves
+        cancels the job and concludes it FAILED with the one line of :mod:`pending`."""
+        if state.final:
+            return
+        reason = state.reason if state.state == "PENDING" else None
+        view = self._view(job)
+        self._write_view(job, view.seen(state.state, reason, pending.explain(reason) if reason else None))
+        if reason == job.reason:
+            return
+        job.reason = reason
+        if reason is None or job.stopped_because is not None:
+            return
+        message = pending.check(job.job_id, reason)
+        if message is None:
+            self._notices.append(f"mmt: job {job.plan.num} ({job.plan.name}) waits in SLURM's queue (job "
+                                 f"{job.job_id}): {pending.describe(reason)}")
+            return
+        # recorded before the cancel: whoever sees the job CANCELLED next (`mmt list`) concludes it FAILED, saying why
+        self._write_view(job, replace(self._view(job), never_starts=True, message=message))
+        queue.cancel([job.job_id])
+        self._conclude(job, JobOutcome(JobState.FAILED, time.monotonic() - job.submitted, detail=message,
+                                       scheduler_id=job.job_id))
+
+    def _view(self, job: SlurmJob) -> SchedulerRecord:
+        if job.view is None:
+            job.view = read_scheduler(job.attempt) or SchedulerRecord(scheduler_id=job.job_id)
+        return job.view
+
+    def _write_view(self, job: SlurmJob, view: SchedulerRecord) -> None:
+        write_scheduler(job.attempt, view, job.view)
+        job.view = view
+
     def _conclude(self, job: SlurmJob, outcome: JobOutcome) -> None:
         job.outcome, job.state = outcome, outcome.status
         self._watched.remove(job)
+
+
+_ASKED_WITH = {"slurmctld": "squeue", "slurmdbd": "sacct"}
+
+
+def _refusal(exc: Exception, plan: JobPlan, settings: SlurmSettings) -> Optional[SubmissionRefused]:
+    """sbatch's refusal (submitit's FailedJobError, its stderr) as one line naming what the job asks and what the
+    partition offers; None for any other error."""
+    from submitit.core.utils import FailedJobError  # lazy, as submitit itself
+
+    if not isinstance(exc, FailedJobError):
+        return None
+    said = [line.split("error:", 1)[-1].strip() for line in str(exc).splitlines() if line.strip()]
+    partition = settings.partition or queue.default_partition()
+    offered = pending.offers(partition, queue.partition_facts(partition), queue.node_kinds(partition)) if partition \
+        else "the default partition could not be found (sinfo)"
+    cpus = settings.cpus_per_task or (max(1, plan.machine.cpus // tasks_per_node(plan, settings))
+                                      if plan.machine.cpus else None)
+    asked = (f"{plan.num_nodes} node(s) x {tasks_per_node(plan, settings)} task(s)"
+             + (f" x {cpus} CPUs" if cpus else "")
+             + (f", {settings.mem_gb} GB per node" if settings.mem_gb else "")
+             + (f", {settings.gpus_per_node or plan.machine.gpus} GPUs per node"
+                if (settings.gpus_per_node or plan.machine.gpus) else "")
+             + f" (machine {plan.machine.name})")
+    return SubmissionRefused(f"{plan.label}: sbatch refused it: {'; '.join(said) or exc}; it asks {asked}; "
+                             f"{offered}. HINT: {pending.HINT}")

@@ -10,10 +10,11 @@ it and accounting, where there is accounting, has no record of it either.
 
 import getpass
 import os
+import re
 import subprocess
 import time
-from dataclasses import dataclass
-from typing import Dict, Iterable, Optional
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional
 
 # states after which a job will not run again by itself (REQUEUED, PENDING, RUNNING ... are not final)
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
@@ -29,6 +30,8 @@ class JobState:
     state: str  # first word of SLURM's state: "CANCELLED by 0" -> CANCELLED
     exit_code: Optional[str] = None  # sacct's "code:signal"
     restarts: int = 0
+    # why a PENDING job waits, as squeue says it ("Resources", "ReqNodeNotAvail, UnavailableNodes:node2" ...)
+    reason: Optional[str] = None
 
     @property
     def final(self) -> bool:
@@ -60,24 +63,49 @@ def _sacct(ids: list) -> Optional[Dict[str, JobState]]:
     return found
 
 
-def _squeue(ids: list) -> Optional[Dict[str, JobState]]:
-    # -t all: a job that just ended is still listed (COMPLETING, CANCELLED ...) for MinJobAge
-    out = _run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-O", "JobID:|,State:|,RestartCnt:|"])
-    if out is None:
-        return None
+# squeue's columns: no width (the whole value, a long reason included), each ended by "|"
+SQUEUE_FORMAT = "JobID:|,State:|,RestartCnt:|,Reason:|"
+
+
+def parse_squeue(out: str) -> Dict[str, JobState]:
+    """``squeue -O SQUEUE_FORMAT`` output, by job id. The reason is kept for a PENDING job only (an ended job keeps
+    the last one SLURM gave it, a running one says "None")."""
     found = {}
     for line in out.splitlines():
         parts = [part.strip() for part in line.split("|")]
         if len(parts) >= 3 and parts[0]:
-            found[parts[0]] = JobState(parts[1], None, int(parts[2]) if parts[2].isdigit() else 0)
+            reason = parts[3] if len(parts) > 3 and parts[1] == "PENDING" and parts[3] not in ("", "None") else None
+            found[parts[0]] = JobState(parts[1], None, int(parts[2]) if parts[2].isdigit() else 0, reason)
     return found
+
+
+def _squeue(ids: list) -> Optional[Dict[str, JobState]]:
+    # -t all: a job that just ended is still listed (COMPLETING, CANCELLED ...) for MinJobAge
+    out = _run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-O", SQUEUE_FORMAT])
+    return None if out is None else parse_squeue(out)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one query of SLURM told: the state of every job it could tell, and which daemon did not answer."""
+
+    states: Dict[str, JobState] = field(default_factory=dict)
+    # "slurmctld": the queue (squeue) did not answer; "slurmdbd": the queue did, without a job, and accounting
+    # (sacct) did not; None: both answered what was asked
+    unanswered: Optional[str] = None
 
 
 def job_states(job_ids: Iterable[str], accounting: bool = True) -> Dict[str, JobState]:
     """The state of every job the queries could tell; a job whose state is unknown right now is left out."""
+    return query(job_ids, accounting).states
+
+
+def query(job_ids: Iterable[str], accounting: bool = True) -> Answer:
+    """The state of every job the queries could tell (a job whose state is unknown right now is left out), and
+    which of SLURM's daemons did not answer."""
     ids = list(job_ids)
     if not ids:
-        return {}
+        return Answer()
     queued = _squeue(ids)
     states = {job_id: state for job_id, state in (queued or {}).items() if job_id in ids and state.state in ACTIVE}
     ended = [job_id for job_id in ids if job_id not in states]  # or not known to the queue, or it did not answer
@@ -92,7 +120,9 @@ def job_states(job_ids: Iterable[str], accounting: bool = True) -> Dict[str, Job
             states[job_id] = record
         elif queued is not None and (accounted is not None or not accounting):
             states[job_id] = JobState(GONE)
-    return states
+    unanswered = ("slurmctld" if queued is None
+                  else "slurmdbd" if accounting and ended and accounted is None else None)
+    return Answer(states, unanswered)
 
 
 def latest_job_named(name: str, submitted_since: float) -> Optional[str]:
@@ -128,3 +158,75 @@ def cancel(job_ids: Iterable[str], signal_name: Optional[str] = None) -> None:
     ids = list(job_ids)
     if ids:
         _run(["scancel", *([f"--signal={signal_name}", "--full"] if signal_name else []), *ids])
+
+
+# ------------------------------------------------------------------------------------------ a job and its partition
+
+
+_FIELD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9/:_]*$")  # NumNodes, CPUs/Task, AllocNode:Sid
+
+
+def parse_fields(out: str) -> Dict[str, str]:
+    """``scontrol show <kind> -o``'s one line as ``{key: value}``. A value may hold spaces (``Reason=ReqNodeNotAvail,
+    UnavailableNodes:node2``, a command's arguments): a word without ``=`` belongs to the value before it."""
+    fields: Dict[str, str] = {}
+    key = None
+    for word in out.split():
+        name, sep, value = word.partition("=")
+        if sep and _FIELD_NAME.match(name):
+            key = name
+            fields[key] = value
+        elif key is not None:
+            fields[key] += " " + word
+    return fields
+
+
+def job_facts(job_id: str) -> Optional[Dict[str, str]]:
+    """What SLURM holds of the job (``scontrol show job -o``: NumNodes, NumCPUs, MinMemoryNode, TimeLimit, Partition,
+    Account, QOS ...); None when it cannot be asked."""
+    out = _run(["scontrol", "show", "job", "-o", job_id])
+    return parse_fields(out.splitlines()[0]) if out and out.strip() else None
+
+
+def partition_facts(name: str) -> Optional[Dict[str, str]]:
+    """The partition's settings (``scontrol show partition -o``: TotalNodes, TotalCPUs, MaxNodes, MaxTime, Nodes,
+    AllowAccounts ...); None when it cannot be asked."""
+    out = _run(["scontrol", "show", "partition", "-o", name])
+    return parse_fields(out.splitlines()[0]) if out and out.strip() else None
+
+
+# sinfo's node groups: nodes, CPUs, memory (MB), generic resources; one line per distinct kind of node
+SINFO_FORMAT = "%D|%c|%m|%G"
+
+
+@dataclass(frozen=True)
+class NodeKind:
+    """Nodes of a partition that are alike (``sinfo -e``): how many, their CPUs, memory in MB, generic resources."""
+
+    count: int
+    cpus: str
+    memory_mb: str
+    gres: Optional[str] = None
+
+
+def parse_sinfo(out: str) -> List[NodeKind]:
+    kinds: Dict[NodeKind, int] = {}
+    for line in out.splitlines():
+        parts = [part.strip() for part in line.split("|")]
+        if len(parts) < 4 or not parts[0].isdigit():
+            continue
+        kind = NodeKind(0, parts[1], parts[2], None if parts[3] in ("", "(null)") else parts[3])
+        kinds[kind] = kinds.get(kind, 0) + int(parts[0])  # the same kind in several states: one group
+    return [NodeKind(count, kind.cpus, kind.memory_mb, kind.gres) for kind, count in kinds.items()]
+
+
+def node_kinds(partition: str) -> Optional[List[NodeKind]]:
+    """The kinds of node the partition has; None when SLURM cannot be asked."""
+    out = _run(["sinfo", "-h", "-e", "-p", partition, "-o", SINFO_FORMAT])
+    return None if out is None else parse_sinfo(out)
+
+
+def default_partition() -> Optional[str]:
+    """The partition a job goes to when it names none (sinfo marks it with ``*``); None when there is none."""
+    out = _run(["sinfo", "-h", "-o", "%P"])
+    return next((line.strip().rstrip("*") for line in (out or "").splitlines() if line.strip().endswith("*")), None)

@@ -1,19 +1,25 @@
-"""SLURM jobs as registered, from any process: their state from the job dir and SLURM's queue, and scancel."""
+"""SLURM jobs as registered, from any process: their state from the job dir and SLURM's queue, and scancel.
+
+A refresh also keeps the attempt's ``scheduler.json`` (mmt.records.scheduler) saying why the job waits, or since when
+SLURM does not answer, for ``mmt list`` and the live page; and a job that can never start (``pending``) is cancelled
+and concluded FAILED, saying what it asks and what its partition offers, as the launcher would have."""
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from mmt.backends.slurm import queue
+from mmt.backends.slurm import pending, queue
 from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm.sbatch import job_name_for
-from mmt.core.jobdir import JobDir
+from mmt.core.jobdir import Attempt, JobDir
 from mmt.core.states import JobState
-from mmt.records.outcome import read_primary_return, result_record, return_value_of, write_result
+from mmt.records.outcome import JobOutcome, read_primary_return, result_record, return_value_of, write_result
 from mmt.records.ownership import lock_is_held, read_owner
 from mmt.records.payload import UnsafePayloadError, discard_payload, read_plan
 from mmt.records.reconcile import conclude_orphan, own_result, request_stop, save
 from mmt.records.registry import JobRecord, Registry
+from mmt.records.scheduler import SchedulerRecord, read_scheduler, write_scheduler
 from mmt.records.schema import ResultRecord
 
 
@@ -25,25 +31,58 @@ def refresh(record: JobRecord, registry: Registry) -> JobRecord:
             return record
     state = record.state
     if result is None and record.scheduler_id:
-        seen = queue.job_states([record.scheduler_id], accounting=queue.accounting_available())
-        current = seen.get(record.scheduler_id)
-        if current is not None and not current.final:
+        job_id = str(record.scheduler_id)
+        attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
+        answer = queue.query([job_id], accounting=queue.accounting_available())
+        current = answer.states.get(job_id)
+        view = read_scheduler(attempt)
+        if current is None and answer.unanswered is not None:
+            # SLURM cannot be asked: the state stays the last one seen, and scheduler.json says since when
+            write_scheduler(attempt, (view or SchedulerRecord(scheduler_id=job_id)).unanswered(answer.unanswered),
+                            view)
+        elif current is not None and not current.final:
             state = JobState.RUNNING.value if current.state == "RUNNING" else JobState.PENDING.value
+            never = _note_queue(attempt, job_id, current, view)
+            if never is not None:
+                queue.cancel([job_id])
+                result = _conclude_ended(record, "CANCELLED", never)
         elif current is not None:
             # ended in SLURM without its own last step writing the result (cancelled while it waited in the queue,
             # a node lost): concluded here as that step would have, with what SLURM says
-            result = _conclude_ended(record, current.state)
+            never = view.message if view is not None and view.never_starts else None
+            result = _conclude_ended(record, current.state, never)
             state = JobState.STOPPING.value if result is None else state
     return save(record, registry, state, result)
 
 
-def _conclude_ended(record: JobRecord, slurm_state: str) -> Optional[ResultRecord]:
+def _note_queue(attempt: Attempt, job_id: str, current: queue.JobState,
+                view: Optional[SchedulerRecord]) -> Optional[str]:
+    """scheduler.json brought up to date with the queue's answer; the one line of :mod:`pending` when the job waits
+    for a reason that never resolves (checked when the reason is first seen, by this process or the launcher)."""
+    reason = current.reason if current.state == "PENDING" else None
+    seen = (view or SchedulerRecord(scheduler_id=job_id)).seen(current.state, reason,
+                                                               pending.explain(reason) if reason else None)
+    first_seen = view is None or view.reason != reason
+    message = pending.check(job_id, reason) if reason and first_seen else None
+    if message is not None:
+        # recorded before the cancel: whoever sees the job CANCELLED next concludes it FAILED, saying why
+        seen = replace(seen, never_starts=True, message=message)
+    write_scheduler(attempt, seen, view)
+    return message
+
+
+def _conclude_ended(record: JobRecord, slurm_state: str, never: Optional[str] = None) -> Optional[ResultRecord]:
+    """``never``: the job was cancelled because it could never start (FAILED, with that line)."""
     attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
     try:
         plan = read_plan(attempt)
     except (OSError, UnsafePayloadError):  # its payload is gone or unsafe: `mmt wait` tells more
         return None
-    outcome = conclude(plan, attempt, scheduler_id=str(record.scheduler_id), duration_s=None, slurm_state=slurm_state)
+    if never is not None:
+        outcome = JobOutcome(JobState.FAILED, None, detail=never, scheduler_id=str(record.scheduler_id))
+    else:
+        outcome = conclude(plan, attempt, scheduler_id=str(record.scheduler_id), duration_s=None,
+                           slurm_state=slurm_state)
     value = return_value_of(read_primary_return(attempt))
     result = result_record(plan, outcome, value, attempt.id, ended_at=time.time())
     try:

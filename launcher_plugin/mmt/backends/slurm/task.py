@@ -22,7 +22,7 @@ from mmt.core import preemption
 from mmt.agent.node import NodeRun
 from mmt.agent.node import run as run_node
 from mmt.agent.processes import ProcessSpec
-from mmt.core.jobdir import Attempt, JobDir
+from mmt.core.jobdir import Attempt, JobDir, open_for_append
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.plan import JobPlan
 from mmt.core.ports import PortInUseError, hold_port
@@ -260,7 +260,7 @@ def _redirect_output(log: Path) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = open_for_append(log)  # never through a symlink planted at the log's name
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

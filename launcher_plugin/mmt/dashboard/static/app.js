@@ -237,6 +237,7 @@ class JobView {
     ];
     if (job.backend) facts.push(["backend", job.backend]);
     if (job.scheduler_id) facts.push(["scheduler id", String(job.scheduler_id)]);
+    if (job.note) facts.push(["scheduler", job.note]);  // why it waits, that it can never start, or no answer
     this.header.replaceChildren(
       h("h2", {}, h("span", { text: `#${job.num} ${job.name}` }), statusBadge(job.status)),
       h("div", { class: "facts" }, ...facts.map(([k, v]) => h("span", {}, `${k} `, h("b", { text: v })))),
@@ -490,7 +491,8 @@ function renderList(sweeps, selected) {
       row.status.textContent = j.status;
       row.status.dataset.status = j.status;
       const metric = j.metric === null ? "" : ` · ${j.metric_name || "metric"} ${fmtNum(j.metric)}`;
-      row.meta.textContent = `${topology(j)} · ${j.machine || "?"} · ${fmtDuration(j.duration_s)}${metric}`;
+      row.meta.textContent = `${topology(j)} · ${j.machine || "?"} · ${fmtDuration(j.duration_s)}${metric}${j.note ? ` · ${j.note}` : ""}`;
+      row.meta.title = j.note || "";
     }
   }
   for (const el of nav.querySelectorAll(".selected")) el.classList.remove("selected");
