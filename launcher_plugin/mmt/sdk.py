@@ -14,11 +14,10 @@ import enum
 from typing import Any, Dict, List, Optional, Union
 
 from mmt.core.errors import ConfigError
+from mmt.records.registry import Registry
 from mmt.service.handle import RegisteredJob, Status  # noqa: F401  (Status: `from mmt import Status`, Lightning's states)
 from mmt.service.machines import Machine  # noqa: F401  (`from mmt import Machine`: Lightning's machine types)
-from mmt.records.registry import Registry
 from mmt.service.submit import RunSpec, max_runtime_s, run
-
 
 # Lightning's parameters that have no meaning here, and what to use instead
 LIGHTNING_ONLY = {
@@ -99,8 +98,9 @@ class Job(RegisteredJob):
                        cluster=cluster, devices=devices, command_mode=command_mode,
                        timeout_min=seconds / 60.0 if seconds is not None else None,
                        overrides=list(overrides or []), detach=True)
-        [submitted] = run(spec)
-        return cls(submitted.plan.name)
+        submitted = run(spec)
+        assert isinstance(submitted, list) and len(submitted) == 1  # detached: the one job submitted
+        return cls(submitted[0].plan.name)
 
     @classmethod
     def get(cls, name: str) -> "Job":

@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Dict
 
 from hydra import compose, initialize_config_dir
@@ -129,7 +128,8 @@ class Data(L.LightningDataModule):
         generator = torch.Generator().manual_seed(0)
         x = torch.randn(256, 8, generator=generator)
         y = x.sum(dim=1, keepdim=True)
-        self.train_set, self.val_set, self.batch_size = TensorDataset(x[:192], y[:192]), TensorDataset(x[192:], y[192:]), batch_size
+        self.train_set, self.val_set = TensorDataset(x[:192], y[:192]), TensorDataset(x[192:], y[192:])
+        self.batch_size = batch_size
 
     def train_dataloader(self):
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True)
@@ -156,7 +156,8 @@ optimized_metric: "val/loss"
 ''',
     "configs/data/synthetic.yaml": "_target_: bn_model.Data\nbatch_size: 16\n",
     "configs/model/dense.yaml": "_target_: bn_model.DenseNet\nlr: 0.05\n",
-    "configs/logger/csv.yaml": "csv:\n  _target_: lightning.pytorch.loggers.csv_logs.CSVLogger\n  save_dir: ${paths.output_dir}\n",
+    "configs/logger/csv.yaml": ("csv:\n  _target_: lightning.pytorch.loggers.csv_logs.CSVLogger\n"
+                                "  save_dir: ${paths.output_dir}\n"),
     "configs/experiment/example.yaml": "# @package _global_\nseed: 12345\n",
     "configs/debug/default.yaml": "# @package _global_\ntrainer:\n  max_epochs: 1\n",
     "configs/trainer/default.yaml": '''_target_: lightning.pytorch.trainer.Trainer

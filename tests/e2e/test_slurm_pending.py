@@ -93,7 +93,7 @@ def test_a_job_waiting_for_a_reason_that_resolves_shows_it_and_waits(tmp_path, t
 
         row = wait_until(waiting, 60, "mmt list to show the job waiting for its BeginTime")
         assert (row["status"], row["note"]) == ("Pending", "BeginTime")
-        assert f"Pending (BeginTime)" in mmt("list").stdout
+        assert "Pending (BeginTime)" in mmt("list").stdout
         inspect = mmt("inspect", f"{name}-0").stdout
         assert re.search(r"scheduler +waits in the queue since \d\d:\d\d: BeginTime \(its start time has not come "
                          r"yet\)", inspect), inspect

@@ -68,9 +68,10 @@ def test_lines_are_read_in_bounded_pieces_and_decoded_across_chunks(tmp_path: Pa
     monkeypatch.setattr(log_files, "MAX_PIECE", 8)
     path = tmp_path / "log"
     path.write_text("héllo wörld\n" + "z" * 30 + "\nend")
-    pieces = list(log_files.lines(path))
+    pieces = list(log_files.text_blocks(path))
     assert "".join(pieces) == path.read_text()
     assert all(len(p) <= 8 + 5 + 1 for p in pieces), pieces
+    assert log_files.split_lines("a\r\nb\rc\n\nend") == ["a\r\n", "b\rc\n", "\n", "end"]
 
 
 def test_the_sdk_tail_does_not_read_the_whole_log(home: Path, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -210,7 +211,7 @@ def submitted(monkeypatch: pytest.MonkeyPatch) -> List[Any]:
 
 def test_lightning_defaults_are_accepted(submitted: List[Any]) -> None:
     """Item 17: a Lightning user passes Lightning's defaults explicitly (interruptible=False was refused)."""
-    from mmt import Job, MMT
+    from mmt import MMT, Job
 
     Job.run(command="true", name="a", interruptible=False, studio=None, teamspace=None, cloud=None,
             cloud_account_auth=False, reuse_snapshot=True, entrypoint="sh -c", max_run_attempts=1, tags=[],
@@ -221,7 +222,7 @@ def test_lightning_defaults_are_accepted(submitted: List[Any]) -> None:
 
 def test_lightnings_positional_order_is_kept(submitted: List[Any]) -> None:
     """Item 17: ``Job.run(name, machine, cloud, command, ...)``, ``MMT.run(name, num_machines, machine, ...)``."""
-    from mmt import Job, MMT, Machine
+    from mmt import MMT, Job, Machine
 
     Job.run("pos-job", Machine.T4, None, "echo hi")
     MMT.run("pos-mmt", 3, "A100_X_8", None, "echo hi")

@@ -6,8 +6,8 @@ cluster's own, recorded (slurm 22.05: scripts/slurm_cluster.sh). On the real clu
 """
 
 import pickle
-from dataclasses import replace
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -365,3 +365,30 @@ def test_a_stopping_job_whose_cluster_is_gone_says_so_instead_of_stopping_for_go
     since = view.unreachable_since
     records.refresh(record, registry)
     assert read_scheduler(attempt).unreachable_since == since  # since the first time, not the last
+
+
+def test_the_live_page_shows_why_a_job_waits_and_that_one_could_never_start(tmp_path):
+    from mmt.dashboard import data
+    from mmt.records.schema import OwnerRecord, ResultRecord
+
+    plan = _plan(tmp_path, num_nodes=1)
+    attempt = _attempt(tmp_path, plan)
+    OwnerRecord.of_this_process(attempt=attempt.id, name=plan.name, backend="slurm", job_id=plan.job_id,
+                                scheduler_id="22").write(JobDir(Path(plan.job_dir)).owner)
+    SchedulerRecord(scheduler_id="22").seen("PENDING", "ReqNodeNotAvail, UnavailableNodes:node1",
+                                            pending.explain("ReqNodeNotAvail")).write(attempt.scheduler)
+    root = Path(plan.job_dir)
+    summary = data.job_summary("x", root)
+    assert summary["status"] == "PENDING"  # not RUNNING: it waits in the queue
+    assert summary["reason"] == summary["note"] == "ReqNodeNotAvail, UnavailableNodes:node1"
+    message = "SLURM job 22 can never start, so mmt cancelled it: PartitionConfig (...)"
+    SchedulerRecord(scheduler_id="22", state="PENDING", reason="PartitionConfig", never_starts=True,
+                    message=message).write(attempt.scheduler)
+    ResultRecord(status=JobState.FAILED, attempt=attempt.id, error=f"job 0: {message}").write(root / "result.json")
+    detail = data.job_detail("x", root)
+    assert (detail["status"], detail["reason"], detail["note"]) == ("FAILED", "PartitionConfig",
+                                                                    "can never start: PartitionConfig")
+    assert detail["error"] == f"job 0: {message}"
+    # a record that is not one (a newer mmt's, a foreign file) says nothing, and breaks nothing
+    attempt.scheduler.write_text('{"schema": 99, "state": "PENDING"}')
+    assert data.job_summary("x", root)["note"] is None

@@ -25,7 +25,8 @@ _LIGHTNING_FLAGS: Dict[str, Dict[str, Optional[str]]] = {
             "cloud": "pick the cluster with --cluster local|slurm|<site config>",
             "cloud-account": "mmt runs on this host or on SLURM: use --cluster local|slurm|<site config>",
             "interruptible": None, "image-credentials": None, "cloud-account-auth": None, "entrypoint": None,
-            "path-mapping": None, "path-mappings": None, "tag": "name jobs instead (--name); `mmt list` shows every job",
+            "path-mapping": None, "path-mappings": None,
+            "tag": "name jobs instead (--name); `mmt list` shows every job",
             "tags": "name jobs instead (--name); `mmt list` shows every job", "keep-minutes": None},
     "logs": {flag: "mmt's logs are each process's own output, without timestamps or levels: filter them with grep "
                    "(mmt logs NAME | grep ...), or read the files in the job dir's logs/"
@@ -322,11 +323,11 @@ def _logs(args: argparse.Namespace) -> int:
                 sys.stdout.buffer.write(data)
         return 0
     if args.follow:
-        lines = log_files.follow(path, start, lambda: job.status.final, sanitise=not args.raw)
+        blocks = log_files.follow(path, start, lambda: job.status.final, sanitise=not args.raw, by_line=False)
     else:
-        lines = log_files.lines(path, start, sanitise=True) if path.exists() else iter(())
-    for line in lines:
-        sys.stdout.write(line)
+        blocks = log_files.text_blocks(path, start, sanitise=True) if path.exists() else iter(())
+    for block in blocks:
+        sys.stdout.write(block)
         if args.follow:
             sys.stdout.flush()
     return 0

@@ -9,7 +9,7 @@ from mmt.launching.console import clean
 
 # characters of a job's overrides the printed summary shows (summary.csv keeps them all): a sweep over long values
 # (a command, a list) must not widen every row of the table to hundreds of columns
-MAX_OVERRIDES = 80
+MAX_OVERRIDES = 100
 _ELISION = " ... "
 
 

@@ -10,6 +10,8 @@
   (mmt.worker.main; a SLURM task that cannot hold the job's port); read by mmt.records.outcome.
 * ``exit.<i>.json``: ExitRecord, process i exited. Written by the agent that ran it (mmt.agent.jobs); read by
   mmt.records.outcome.
+* ``scheduler.json`` (attempt dir): SchedulerRecord, what the scheduler last said of a job that has not ended; in
+  mmt.records.scheduler, on the same base and rules.
 
 (``done.<i>`` is not JSON: one digit, the process's task status; mmt.core.jobdir reads and writes it.)
 

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from mmt.core.errors import ConfigError, UsageError
-from mmt.core.states import ProcessState
 from mmt.core.jobdir import JobDir, process_log_name
+from mmt.core.states import ProcessState
 from mmt.launching.report import metric_of
+from mmt.records.registry import JobRecord, Registry
 from mmt.service import logs as log_files
 from mmt.service import status as job_status
 from mmt.service.machines import Machine, MachineType
-from mmt.records.registry import JobRecord, Registry
 
 #: what ``job.machines[i].logs`` holds at most of one node's logs (the end of each; the files keep everything)
 MACHINE_LOG_BYTES = 16 * 1024 * 1024

@@ -12,6 +12,7 @@ sequences, what a carriage return left visible) unless asked for the raw text.
 
 import codecs
 import os
+import re
 import time
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional
@@ -22,6 +23,8 @@ BLOCK = 64 * 1024  # bytes read per step while seeking back for the last lines
 CHUNK = 256 * 1024  # bytes read per step going forward
 MAX_PIECE = 1024 * 1024  # characters of one line held at once; a longer line is given out in pieces
 POLL_S = 0.5
+# a character the sanitiser would act on (ESC, the other C0 controls but tab and newline, DEL): most text has none
+_ANY_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def tail_offset(path: Path, lines: int, block: int = BLOCK) -> int:
@@ -79,8 +82,9 @@ def read_text(path: Path, start: int = 0, end: Optional[int] = None) -> str:
 
 
 class LineReader:
-    """Bytes in, lines out (each with its newline), decoded; ``sanitise``: as the console shows them (no control
-    sequences). A line longer than MAX_PIECE characters comes out in pieces, so that memory stays bounded."""
+    """Bytes in, text of whole lines out, decoded; ``sanitise``: as the console shows them (no control sequences,
+    what a carriage return left visible). A line longer than MAX_PIECE characters comes out in pieces, so that memory
+    stays bounded."""
 
     def __init__(self, sanitise: bool = False) -> None:
         self.sanitise = sanitise
@@ -88,37 +92,57 @@ class LineReader:
         self._partial = ""
 
     def _show(self, text: str) -> str:
-        return clean(text) if self.sanitise else text
+        if not self.sanitise or not text or not _ANY_CONTROL.search(text):
+            return text
+        if "\r" not in text:  # the sanitiser keeps newlines: a block of lines at once
+            return clean(text)
+        return "\n".join(clean(line) for line in text.split("\n"))  # a carriage return acts within its line
 
-    def feed(self, data: bytes) -> List[str]:
-        lines = (self._partial + self._decoder.decode(data)).split("\n")
-        self._partial = lines.pop()
-        out = [self._show(line) + "\n" for line in lines]
+    def feed(self, data: bytes) -> str:
+        text = self._partial + self._decoder.decode(data)
+        cut = text.rfind("\n") + 1
+        whole, self._partial = text[:cut], text[cut:]
         if len(self._partial) > MAX_PIECE:  # a huge line in the making: give out what there is of it
-            out.append(self._show(self._partial))
-            self._partial = ""
-        return out
+            whole, self._partial = whole + self._partial, ""
+        return self._show(whole)
 
-    def flush(self) -> List[str]:
+    def flush(self) -> str:
         rest = self._partial + self._decoder.decode(b"", final=True)
         self._partial = ""
-        return [self._show(rest)] if rest else []
+        return self._show(rest)
 
 
-def lines(path: Path, start: int = 0, sanitise: bool = False) -> Iterator[str]:
-    """The file's lines from byte ``start`` to its end (as it is now), read in bounded chunks."""
+def split_lines(text: str) -> List[str]:
+    """``text``'s lines, each with its newline (the last one without, if it has none): only "\\n" ends a line."""
+    parts = text.split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+def text_blocks(path: Path, start: int = 0, sanitise: bool = False) -> Iterator[str]:
+    """The file's text from byte ``start`` to its end (as it is now), in blocks of whole lines of at most about
+    CHUNK bytes."""
     reader = LineReader(sanitise)
     for data in chunks(path, start):
-        yield from reader.feed(data)
-    yield from reader.flush()
+        block = reader.feed(data)
+        if block:
+            yield block
+    rest = reader.flush()
+    if rest:
+        yield rest
 
 
-def follow(path: Path, start: int, ended: Callable[[], bool], sanitise: bool = False,
+def follow(path: Path, start: int, ended: Callable[[], bool], sanitise: bool = False, by_line: bool = True,
            poll_s: float = POLL_S) -> Iterator[str]:
-    """The lines of the file from byte ``start`` on, as they are written, until ``ended()`` says the writer is done
-    (checked before each read, so the last lines are never missed). A file that is not there yet is waited for; one
-    that shrank (rewritten) is read again from its start."""
+    """The file's text from byte ``start`` on, as it is written, until ``ended()`` says the writer is done (checked
+    before each read, so that the last lines are never missed): line by line, or in blocks of whole lines
+    (``by_line=False``). A file that is not there yet is waited for; one that shrank (rewritten) is read again from
+    its start."""
     reader, offset = LineReader(sanitise), start
+
+    def out(text: str) -> Iterator[str]:
+        if text:
+            yield from (split_lines(text) if by_line else [text])
+
     while True:
         done = ended()
         try:
@@ -131,10 +155,10 @@ def follow(path: Path, start: int, ended: Callable[[], bool], sanitise: bool = F
             try:
                 for data in chunks(path, offset, size):
                     offset += len(data)
-                    yield from reader.feed(data)
+                    yield from out(reader.feed(data))
             except (FileNotFoundError, NotADirectoryError):  # gone between the stat and the open: next poll
                 pass
         if done:
-            yield from reader.flush()
+            yield from out(reader.flush())
             return
         time.sleep(poll_s)

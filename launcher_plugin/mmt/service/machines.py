@@ -15,8 +15,8 @@ from typing import Dict, List, Optional
 
 from omegaconf import OmegaConf
 
-from mmt.planning.machine import CATALOGUE_PACKAGE, Machine as CatalogueEntry, canonical_name, catalogue_names
-from mmt.planning.machine import machine_from_config
+from mmt.planning.machine import CATALOGUE_PACKAGE, canonical_name, catalogue_names, machine_from_config
+from mmt.planning.machine import Machine as CatalogueEntry
 
 # Lightning's slug families where they are not the catalogue name's (lightning_sdk/machine.py)
 _SLUG_FAMILY = {"rtxp_6000": "rtx-6000-pro"}
@@ -54,7 +54,8 @@ class MachineType(str, enum.Enum):
     def __str__(self) -> str:  # print(job.machine): the name --machine takes
         return str(self.value)
 
-    __format__ = str.__format__
+    def __format__(self, spec: str) -> str:  # f"{job.machine}" too
+        return format(str(self.value), spec)
 
     @property
     def slug(self) -> Optional[str]:
