@@ -3,8 +3,9 @@
 It follows the same rules as the local host agent (``mmt.agent.jobs``): it imports the recipe's ``preload`` once
 and forks the node's ranks, each with the rank contract; the first rank that fails stops its siblings and the
 agent exits non-zero, which ``srun --kill-on-bad-exit`` turns into the end of the other nodes. SIGTERM (scancel,
-the time limit) stops the ranks within the grace; the requeue signal is forwarded to every rank, whose
-``mmt.core.preemption`` handler takes it.
+the time limit) stops the ranks within the grace; the requeue signal is forwarded to every rank that has not taken
+it by itself within ``FORWARD_AFTER_S`` (SLURM signals every process of the step where its process tracking sees
+them: forwarding at once would deliver it twice), whose ``mmt.core.preemption`` handler takes it.
 """
 
 import os
@@ -24,6 +25,8 @@ from mmt.agent.processes import ProcessSpec, Spawner
 from mmt.core.jobdir import Attempt
 
 _TICK_S = 0.05
+# how long a rank has to acknowledge SLURM's own requeue signal before its agent forwards it
+FORWARD_AFTER_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -53,9 +56,20 @@ def run(node: NodeRun) -> int:
             attempt.write_agent(node.node_rank, {**record, **terminated})
         job.stop()
 
+    acks = {spec.index: spec.env.get(preemption.ACK_VAR) for spec in node.processes}
+    requeue_signal: dict = {}
+
     def on_requeue(signum: int, _frame: object) -> None:
+        requeue_signal.setdefault("at", time.monotonic())  # forwarded from the loop: nothing done in the handler
+
+    def forward_requeue() -> None:
+        if not requeue_signal or time.monotonic() - requeue_signal["at"] < FORWARD_AFTER_S:
+            return
+        requeue_signal.clear()
         for process in job.running:
-            proctree.signal_all([process.pid], signum)
+            ack = acks.get(process.index)
+            if not (ack and os.path.exists(ack)):
+                proctree.signal_all([process.pid], preemption.REQUEUE_SIGNAL)
 
     record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
     attempt.write_agent(node.node_rank, record)
@@ -71,6 +85,7 @@ def run(node: NodeRun) -> int:
     while not job.ended:
         _reap(job)
         metrics.sample(job)
+        forward_requeue()
         job.tick()
         if not job.ended:
             time.sleep(_TICK_S)

@@ -8,7 +8,9 @@ checkpointed twice, requeued twice, or killed while saving (submitit #1709, Ligh
   ``MMT_PREEMPTIBLE=1``), replacing submitit's handler (submitit still submits and watches the job; its own
   checkpoint/requeue never runs), and Lightning's SLURM auto-requeue is switched off
   (:func:`mmt.lightning.cluster_environment`); the node agent forwards the signal to the ranks it forked;
-* the handler only sets a flag; training code (``mmt.lightning.RequeueOnSignal``) agrees on it across ranks at
+* the handler only sets a flag (and, the first time, writes one line with ``os.write``: a ``print`` there could
+  re-enter the ``sys.stdout`` the rank was writing to and crash it) and acknowledges the signal in a file, so that
+  the node agent forwards it only to a rank SLURM itself did not reach (each rank takes it once); training code (``mmt.lightning.RequeueOnSignal``) agrees on it across ranks at
   a step boundary, checkpoints at the next epoch end (where Lightning resumes exactly), and calls
   :func:`requeue`; the requeued job starts again in the same output dir and resumes from that checkpoint.
 
@@ -28,6 +30,8 @@ MAX_REQUEUES_VAR = "MMT_MAX_REQUEUES"
 JOB_ID_VAR = "MMT_SLURM_JOB_ID"
 RESTARTS_VAR = "MMT_SLURM_RESTART_COUNT"
 MARKER_VAR = "MMT_REQUEUE_MARKER"
+# the file this rank creates when it takes the signal (the node agent reads it before forwarding)
+ACK_VAR = "MMT_REQUEUE_ACK"
 
 _state = {"installed": False, "requested": False}
 
@@ -37,8 +41,19 @@ class Requeued(Exception):
 
 
 def _handle(signum: int, _frame: object) -> None:
+    """Signal-safe: no Python I/O objects (a second signal, or one that lands inside a print of the rank's own,
+    would re-enter them: ``RuntimeError: reentrant call inside BufferedWriter``), and idempotent."""
+    if _state["requested"]:
+        return
     _state["requested"] = True
-    print(f"mmt: received {signal.Signals(signum).name}: checkpoint and requeue at the next epoch end", flush=True)
+    ack = os.environ.get(ACK_VAR)
+    try:
+        if ack:
+            os.close(os.open(ack, os.O_WRONLY | os.O_CREAT, 0o600))
+        os.write(1, f"mmt: received {signal.Signals(signum).name}: checkpoint and requeue at the next epoch "
+                    "end\n".encode())
+    except OSError:
+        pass
 
 
 def install() -> None:

@@ -393,9 +393,9 @@ class RankInfo:
 
         An explicit value that contradicts the plan is refused: the plan is what the dry run showed.
         """
-        planned = (self.micro_batch_size, self.grad_accum)
-        if planned[0] is None:
+        if self.micro_batch_size is None:
             return (micro or default_micro, accumulate or 1)
+        planned = (self.micro_batch_size, self.grad_accum or 1)
         chosen = (micro or planned[0], accumulate or planned[1])
         if chosen != planned:
             raise ValueError(

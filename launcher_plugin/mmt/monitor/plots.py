@@ -289,11 +289,10 @@ def _numeric_panel(ax: "Axes", jobs: Sequence[_Job], param: str, others: Sequenc
     groups = _groups(jobs, others)
     for index, (name, members) in enumerate(groups.items()):
         done = sorted((job for job in members if job.metric is not None), key=x_of)
-        ax.plot([x_of(job) for job in done], [job.metric for job in done], "-", color=_color(index),
-                label=name or "_series")
-        for job in done:
-            ax.plot([x_of(job)], [job.metric], linestyle="none", marker="o", color=_color(index),
-                    label=job.label)
+        metrics = [float(job.metric) for job in done if job.metric is not None]
+        ax.plot([x_of(job) for job in done], metrics, "-", color=_color(index), label=name or "_series")
+        for job, metric in zip(done, metrics):
+            ax.plot([x_of(job)], [metric], linestyle="none", marker="o", color=_color(index), label=job.label)
             if len(groups) == 1:  # several series: the values would overlap
                 ax.annotate(f"{job.metric:.4g}", (x_of(job), job.metric), xytext=(0, 6),
                             textcoords="offset points", ha="center", fontsize=7)
@@ -375,7 +374,7 @@ def _curves_panel(ax: "Axes", jobs: Sequence[_Job]) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.grid(True, alpha=0.3)
-    _legend(ax, [line for line in ax.get_lines() if not line.get_label().startswith("_")])
+    _legend(ax, [line for line in ax.get_lines() if not str(line.get_label()).startswith("_")])
 
 
 def _legend(ax: "Axes", handles: List[Any]) -> None:

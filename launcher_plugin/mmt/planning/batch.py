@@ -80,6 +80,7 @@ def _limit(spec: Dict[str, Any], machine: Any, devices: int) -> tuple:
         return default, "batch.default_micro: the recipe names no tuned table (batch.table)"
     location = check.optional_text("batch.table", location, "pkg://<package>/<file>.yaml or a path",
                                    "e.g. batch.table=pkg://recipes.tuned/lm.yaml")
+    assert location is not None  # checked above: None returned early
     try:
         path = tuned.table_path(location)
         entries = tuned.read_table(path)

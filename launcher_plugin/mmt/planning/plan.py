@@ -213,7 +213,8 @@ def plan_job(launcher_cfg: DictConfig, *, num: int, name: str, job_id: str, over
         dry_run=bool(launcher_cfg.dry_run),
         summary_metric=launcher_cfg.summary_metric,
         # a command starts its own interpreters: preloading the recipe's modules would only delay it
-        preload=tuple(OmegaConf.to_container(preload)) if preload is not None and command is None else (),
+        preload=tuple(map(str, OmegaConf.to_container(preload) or ())) if preload is not None and command is None
+        else (),
         # the batch section belongs to the recipe; a command replaces the recipe
         batch=None if command is not None else plan_batch(OmegaConf.select(launcher_cfg, "batch", default=None),
                                                           machine=machine, num_nodes=num_nodes, devices=devices),

@@ -221,6 +221,7 @@ def claim_sweep(sweep_dir: Path, still_active: StillActive) -> SweepClaim:
     except BlockingIOError:
         holder = _sweep_holder(fd)
         os.close(fd)
+        refuse_sweep_in_use(sweep_dir, still_active)  # names the job and its dir, once the holder has claimed one
         raise UsageError(f"hydra.sweep.dir {sweep_dir} is in use by a live launch ({holder}). {_IN_USE_HINT}") \
             from None
     held = SweepClaim(path=sweep.lock, fd=fd, key=key)

@@ -151,7 +151,7 @@ class Registry:
         return {"path": self.path}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(state["path"])
+        Registry.__init__(self, state["path"])
 
     def _open(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -155,7 +155,7 @@ class RegisteredJob:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
 
-    def __reduce__(self):  # a handle travels by name (a detached sweep's JobReturn values)
+    def __reduce__(self) -> Tuple[Any, Tuple[str]]:  # a handle travels by name (a detached sweep's JobReturn values)
         return (type(self), (self.name,))
 
     # ------------------------------------------------------------------------------------------ facts

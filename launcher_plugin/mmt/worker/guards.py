@@ -111,7 +111,7 @@ def _wrap_init(module: Any, plan: JobPlan) -> None:
     init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
     init_process_group.__doc__ = original.__doc__
     module.init_process_group = init_process_group
-    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    c10d: Any = sys.modules.get("torch.distributed.distributed_c10d")
     if c10d is not None:
         c10d.init_process_group = init_process_group
 

@@ -159,7 +159,8 @@ def run(attempt: Attempt, index: int) -> int:
     primary = index == 0
     # run_job only uses the callbacks; the launcher's config loader is not shipped (it is large, and ranks never
     # compose); only the primary fires the job callbacks
-    context = HydraContext(config_loader=None, callbacks=payload.callbacks if primary else Callbacks())
+    context = HydraContext(config_loader=None,  # type: ignore[arg-type]
+                           callbacks=payload.callbacks if primary else Callbacks())
     if primary:
         _write_hydra_dir(payload)
     plan = payload.plan

@@ -25,7 +25,7 @@ from mmt.backends.slurm import pending, queue
 from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm import records
 from mmt.backends.slurm.sbatch import (SlurmSettings, job_name_for, python_command, render_script, sbatch_parameters,
-                                         tasks_per_node)
+                                         signal_delay_problem, tasks_per_node)
 from mmt.backends.slurm.task import (FRAMEWORK_PORT_BASE, FRAMEWORK_PORT_SLOTS, FRAMEWORK_PORT_WINDOW,
                                      SlurmTask)
 from mmt.core.errors import ConfigError, MMTError
@@ -149,6 +149,9 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
                 "hydra.launcher.framework", plan.framework, f"on SLURM each TensorFlow worker's port derives from "
                 f"the job id, from a window of {FRAMEWORK_PORT_WINDOW} per job: at most {FRAMEWORK_PORT_WINDOW} "
                 f"workers per node, not {plan.processes_per_node}", "use fewer devices per node and more nodes"))
+        delay = signal_delay_problem(plan, self.settings)
+        if delay is not None:
+            found.append(delay)
         missing = [tool for tool in _TOOLS if shutil.which(tool) is None]
         if missing:
             found.append(ConfigError(

@@ -12,7 +12,7 @@ from mmt.backends.slurm.queue import GONE
 from mmt.backends.slurm.task import failed_tasks
 from mmt.core.errors import RankFailure
 from mmt.core.jobdir import Attempt, JobDir
-from mmt.records.outcome import all_succeeded, first_failure, missing_result
+from mmt.records.outcome import all_succeeded, first_failure, missing_result, running_detail
 from mmt.planning.plan import JobPlan
 
 
@@ -61,7 +61,11 @@ def conclude(plan: JobPlan, attempt: Attempt, *, scheduler_id: str, duration_s: 
         return outcome
     stopped_at = terminated_at(plan, attempt, batch_terminated_at)
     ended_outside = stopped_at is not None or stopped_because is not None or slurm_state in _ENDED_OUTSIDE
-    signals = (signal.SIGTERM, signal.SIGKILL) if ended_outside else (signal.SIGTERM,)
+    # a SIGTERM death is always a consequence (SLURM, an agent, srun --kill-on-bad-exit stopping the rest); a SIGKILL
+    # one only when the job was stopped from outside at an unknown time: when that time is known, a SIGKILL before
+    # it is a failure of its own (the OOM killer), and what came after is left aside by its time. An agent's
+    # SIGTERM is not always "from outside" either: srun sends it to the other nodes when one failed.
+    signals = (signal.SIGTERM, signal.SIGKILL) if ended_outside and stopped_at is None else (signal.SIGTERM,)
     failure = first_failure(plan, attempt, terminated_at=stopped_at, outside_signals=signals) or (
         None if ended_outside else srun_failure(plan, stderr))
     if failure is not None and not stopped_because:
@@ -71,7 +75,8 @@ def conclude(plan: JobPlan, attempt: Attempt, *, scheduler_id: str, duration_s: 
         outcome.status, outcome.detail = JobState.INTERRUPTED, f"stopped: {stopped_because}"
     elif slurm_state == "TIMEOUT" or (slurm_state is None and time_limit_reached):
         outcome.status = JobState.TIMEOUT
-        outcome.detail = f"SLURM job {scheduler_id} reached its time limit"
+        unfinished = [index for index in range(plan.process_count) if attempt.done(index) != 0]
+        outcome.detail = f"SLURM job {scheduler_id} reached its time limit; {running_detail(plan, unfinished)}"
     elif slurm_state == "CANCELLED":
         outcome.status = JobState.INTERRUPTED
         outcome.detail = f"SLURM job {scheduler_id} was cancelled outside the launcher (scancel)"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from mmt.backends.slurm.conclusion import conclude
+from mmt.backends.slurm.queue import restart_count
 from mmt.backends.slurm.sbatch import STARTED_VAR
 from mmt.core.jobdir import Attempt
 from mmt.records.outcome import read_primary_return, result_record, return_value_of, write_result
@@ -29,21 +30,34 @@ def _stderr() -> Optional[Path]:
         return None
 
 
+def _requeued_by_slurm(job_id: str, restarts: int) -> bool:
+    """SLURM has counted a restart beyond this run's: the job is requeued, not ended."""
+    now = restart_count(job_id) if job_id != "?" else None
+    return now is not None and now > restarts
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     attempt = Attempt(Path(args[0]))
     if not attempt.plan.exists():
         return 0  # concluded and cleaned up already
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    job_id = os.environ.get("SLURM_JOB_ID", "?")
     if attempt.requeued_file(restarts).exists():
         return 0  # requeued: the next run of the job concludes it
+    if _requeued_by_slurm(job_id, restarts):
+        # SLURM requeued the job itself (scontrol requeue, preemption, a node failure): the next run needs the
+        # payload (job.json, job.pkl), and concludes the job; this run concludes nothing
+        attempt.requeued_file(restarts).touch()
+        print(f"mmt: SLURM job {job_id} was requeued (restart {restarts + 1}); its next run concludes it",
+              file=sys.stderr)
+        return 0
     owner = read_owner(attempt.job_dir.root)
     if owner is None or owner.attempt != attempt.id:
         return 0  # a newer launch owns the job dir now
     plan = read_plan(attempt)
     started = float(os.environ.get(STARTED_VAR) or time.time())
     elapsed = time.time() - started
-    job_id = os.environ.get("SLURM_JOB_ID", "?")
     limit_s = max(60.0, 60.0 * -(-plan.timeout_s // 60))  # sbatch --time is whole minutes
     terminated = float(args[2]) if len(args) > 2 and args[2] else None
     outcome = conclude(plan, attempt, scheduler_id=job_id, duration_s=elapsed, slurm_state=None, stderr=_stderr(),

@@ -63,6 +63,15 @@ def _sacct(ids: list) -> Optional[Dict[str, JobState]]:
     return found
 
 
+def restart_count(job_id: str) -> Optional[int]:
+    """How often SLURM has requeued the job so far (``scontrol show job``'s Restarts), None when it cannot say. A
+    requeue (``scontrol requeue``, preemption, a node failure) raises it before the batch script's EXIT trap runs,
+    while that run's own ``SLURM_RESTART_COUNT`` keeps the old value."""
+    out = _run(["scontrol", "show", "job", "-o", job_id])
+    match = re.search(r"\bRestarts=(\d+)", out or "")
+    return int(match.group(1)) if match else None
+
+
 # squeue's columns: no width (the whole value, a long reason included), each ended by "|"
 SQUEUE_FORMAT = "JobID:|,State:|,RestartCnt:|,Reason:|"
 

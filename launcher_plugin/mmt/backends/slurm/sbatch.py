@@ -31,6 +31,8 @@ TASK_LAYOUTS = ("per_node", "per_rank")
 STARTED_VAR = "MMT_BATCH_STARTED"
 # when the batch script got SIGTERM (scancel, the time limit), if it did
 TERMINATED_VAR = "MMT_BATCH_TERMINATED"
+# when the batch script last got USR1/USR2, if it did (kept from killing the shell)
+SIGNALLED_VAR = "MMT_BATCH_SIGNALLED"
 
 CONTAINER_RUNTIMES = ("pyxis", "apptainer", "singularity")
 # sbatch options the launcher sets itself from the plan; overriding them through sbatch_extra would desynchronise
@@ -193,7 +195,9 @@ def sbatch_parameters(plan: JobPlan, settings: SlurmSettings, project_dir: str, 
         # one dead task ends the whole job at once instead of leaving the others in a collective until timeout
         "srun_args": ["--kill-on-bad-exit=1", *_container_srun_args(plan, settings, project_dir),
                       *settings.srun_extra],
-        "additional_parameters": {"requeue": True, **dict(settings.sbatch_extra)},
+        # max_requeues=0: SLURM itself must not requeue the job either (scontrol requeue, a node failure)
+        "additional_parameters": {"requeue" if settings.max_requeues else "no_requeue": True,
+                                  **dict(settings.sbatch_extra)},
     }
     if cpus:
         params["cpus_per_task"] = cpus
@@ -211,10 +215,24 @@ def sbatch_parameters(plan: JobPlan, settings: SlurmSettings, project_dir: str, 
         setup.append(f"export PYTHONPATH={paths}${{PYTHONPATH:+:$PYTHONPATH}}")
     # SIGTERM (scancel, the time limit) must not end the script before srun has stopped the tasks: the trap on
     # TERM makes bash wait for srun, then the EXIT trap concludes the job with every process gone
+    # USR1/USR2 (`scancel --signal=USR2 --full`, a site's preemption notice) would kill the shell, and so the job,
+    # unexplained: the shell ignores them (a trap with a body: the tasks keep the default disposition), the tasks get
+    # them from SLURM itself (--signal, --full) and the ranks take USR2 (mmt.core.preemption)
     setup += [f"export {STARTED_VAR}=$(date +%s)", f"trap '{TERMINATED_VAR}=$(date +%s.%N)' TERM",
-              finalize_line(attempt)]
+              f"trap '{SIGNALLED_VAR}=$(date +%s.%N)' USR1 USR2", finalize_line(attempt)]
     params["setup"] = setup
     return params
+
+
+def signal_delay_problem(plan: JobPlan, settings: SlurmSettings) -> Optional[ConfigError]:
+    """The requeue signal must come before the time limit, not at the job's start."""
+    limit_s = 60 * max(1, math.ceil(plan.timeout_s / 60.0))
+    if settings.signal_delay_s < limit_s:
+        return None
+    return ConfigError("hydra.launcher.signal_delay_s", settings.signal_delay_s,
+                       f"SLURM would send the requeue signal (USR2) {settings.signal_delay_s} s before a time limit "
+                       f"of {limit_s} s (timeout_min), that is at the job's start",
+                       f"use a delay below {limit_s} s, e.g. hydra.launcher.signal_delay_s={max(1, limit_s // 4)}")
 
 
 def render_script(plan: JobPlan, settings: SlurmSettings, project_dir: str, job_name: str, attempt: Attempt) -> str:

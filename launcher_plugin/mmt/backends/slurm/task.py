@@ -160,12 +160,13 @@ def node_cores(cpus_on_node: Optional[str]) -> int:
     return min(int(cpus_on_node), host) if cpus_on_node else host
 
 
-def requeue_env(facts: Mapping[str, str], attempt: Attempt, max_requeues: int) -> Dict[str, str]:
-    """What every rank needs to take the requeue signal (``mmt.core.preemption``)."""
+def requeue_env(facts: Mapping[str, str], attempt: Attempt, max_requeues: int, index: int = 0) -> Dict[str, str]:
+    """What process ``index`` needs to take the requeue signal (``mmt.core.preemption``)."""
     restarts = int(facts.get("restarts") or 0)
     return {preemption.PREEMPTIBLE_VAR: "1", preemption.MAX_REQUEUES_VAR: str(max_requeues),
             preemption.JOB_ID_VAR: facts["job_id"], preemption.RESTARTS_VAR: str(restarts),
-            preemption.MARKER_VAR: str(attempt.requeued_file(restarts))}
+            preemption.MARKER_VAR: str(attempt.requeued_file(restarts)),
+            preemption.ACK_VAR: str(attempt.dir / f"requeue-signal.{restarts}.{index}")}
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ class SlurmTask:
         env = process_env(self.plan, self.plan.place(index), rendezvous=rendezvous, inherited=os.environ,
                           copied=self.copied_env, cores_per_node=node_cores(facts.get("cpus_on_node")),
                           python=PythonEnvironment.current() if self.plan.image is None else None, keep=keep)
-        env.update(requeue_env(facts, self.attempt, self.max_requeues))
+        env.update(requeue_env(facts, self.attempt, self.max_requeues, index))
         return env
 
     @property
