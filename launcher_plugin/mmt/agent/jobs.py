@@ -17,7 +17,7 @@ attributed, and how a process killed outright (SIGKILL, the OOM killer) is told 
 import signal
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, List, Optional
 
 from mmt.core import proctree
 from mmt.core.jobdir import Attempt
@@ -93,13 +93,12 @@ class JobProcesses:
                 if started is not None:
                     self._seen[pid] = started
 
-    def _left_behind(self, exclude: Iterable[int] = ()) -> List[int]:
-        """What the job left that is still there: processes with its tags, and the descendants seen (the same
-        processes: a pid reused since is not ours) that are neither."""
-        skip = set(exclude)
-        left = proctree.tagged(self.tags, exclude=skip | set(self.by_pid))
+    def _left_behind(self) -> List[int]:
+        """What the job left that is still there, its own processes aside: processes with its tags, and the
+        descendants seen (the same processes: a pid reused since is not ours)."""
+        left = proctree.tagged(self.tags, exclude=self.by_pid)
         self._seen = {pid: start for pid, start in self._seen.items() if proctree.start_time(pid) == start}
-        return left + [pid for pid in self._seen if pid not in skip and pid not in left]
+        return left + [pid for pid in self._seen if pid not in left]
 
     def stop(self) -> None:
         if self.stopping_since is not None:

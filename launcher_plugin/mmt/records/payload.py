@@ -92,15 +92,6 @@ def open_private(path: Path) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
-def check_private(path: Path) -> None:
-    """Refuse a dir that is not this user's or that others can write to (or a symlink to one). The dir above it is
-    not checked: see :func:`open_private`, which the pickles are read with."""
-    info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode):
-        raise UnsafePayloadError(f"{path} is a symlink: not loading its pickles")
-    _refuse_unsafe(info, path)
-
-
 def read_payload(attempt: Attempt) -> JobPayload:
     with open_private(attempt.payload_meta) as handle:
         meta = json.loads(handle.read())

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Optional
 
 from mmt.backends.base import JobHandle, JobSnapshot, Submission, Watcher
+from mmt.core.errors import UsageError
 from mmt.core.jobdir import JobDir
 from mmt.core.states import JobState
-from mmt.records.outcome import JobOutcome, outcome_of_record, read_result
 from mmt.records import liveness
+from mmt.records.outcome import JobOutcome, outcome_of_record, read_result
 from mmt.records.payload import read_plan
 from mmt.records.registry import JobRecord
 
@@ -31,7 +32,13 @@ class LocalWatcher(Watcher[WatchedLocalJob]):
 
     def attach(self, record: JobRecord) -> WatchedLocalJob:
         attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
-        return WatchedLocalJob(submission=Submission(plan=read_plan(attempt), attempt=attempt), name=record.name,
+        try:
+            plan = read_plan(attempt)
+        except (FileNotFoundError, NotADirectoryError):
+            raise UsageError(f"{record.name}: its records in {record.job_dir} are gone (did the job delete its own "
+                             f"dir?), so it cannot be followed from here. HINT: `mmt list`, `mmt inspect "
+                             f"{record.name}` and `mmt stop {record.name}` still can") from None
+        return WatchedLocalJob(submission=Submission(plan=plan, attempt=attempt), name=record.name,
                                supervisor_pid=record.supervisor_pid, record=record)
 
     def poll(self, handle: WatchedLocalJob) -> JobSnapshot:
