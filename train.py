@@ -1,8 +1,8 @@
 """mmt's example Hydra app: runs the selected recipe on every rank of every job.
 
-    python train.py -m num_nodes=1,2 devices=2          # two jobs: 1x2 and 2x2 ranks (LM recipe)
-    python train.py -m recipe=probe num_nodes=2 devices=2  # smoke-test the cluster
-    python train.py -m hydra.launcher.dry_run=true num_nodes=8 machine=h100_x_8   # the plan, nothing started
+python train.py -m num_nodes=1,2 devices=2          # two jobs: 1x2 and 2x2 ranks (LM recipe)
+python train.py -m recipe=probe num_nodes=2 devices=2  # smoke-test the cluster
+python train.py -m hydra.launcher.dry_run=true num_nodes=8 machine=h100_x_8   # the plan, nothing started
 """
 
 import hydra

@@ -26,15 +26,16 @@ def alternate(variants: Dict[str, Callable[[Path], None]], rounds: int, scratch:
         run(scratch)
     items = list(variants.items())
     for round_ in range(rounds):
-        for name, run in items[round_ % len(items):] + items[:round_ % len(items)]:
+        for name, run in items[round_ % len(items) :] + items[: round_ % len(items)]:
             started = time.perf_counter()
             run(scratch)
             times[name].append(time.perf_counter() - started)
     return times
 
 
-def main(description: str, variants: Dict[str, Callable[[Path], None]], ratios: Dict[str, Tuple[str, str]],
-         prefix: str) -> None:
+def main(
+    description: str, variants: Dict[str, Callable[[Path], None]], ratios: Dict[str, Tuple[str, str]], prefix: str
+) -> None:
     """A benchmark's command line (--rounds, --json), its runs in a scratch dir, and its report."""
     import argparse
     import shutil
@@ -52,16 +53,22 @@ def main(description: str, variants: Dict[str, Callable[[Path], None]], ratios: 
     report(times, ratios, args.json, rounds=args.rounds)
 
 
-def report(times: Dict[str, List[float]], ratios: Dict[str, Tuple[str, str]], json_path: Optional[Path],
-           **facts: object) -> Dict[str, object]:
+def report(
+    times: Dict[str, List[float]], ratios: Dict[str, Tuple[str, str]], json_path: Optional[Path], **facts: object
+) -> Dict[str, object]:
     """Print each variant's median and every ratio (``name: (numerator, denominator)``); write them as JSON."""
     medians = {name: statistics.median(values) for name, values in times.items()}
     figures = {name: round(medians[a] / medians[b], 3) for name, (a, b) in ratios.items()}
     for name, median in medians.items():
         print(f"{name:28s} median {median:6.2f} s   runs {', '.join(f'{x:.2f}' for x in times[name])}")
     print("ratios  " + "  ".join(f"{k} = {v:.2f}" for k, v in figures.items()))
-    result = {"cpu_cores": os.cpu_count(), **facts, "median_s": {k: round(v, 3) for k, v in medians.items()},
-              "all_s": {k: [round(x, 3) for x in v] for k, v in times.items()}, "ratios": figures}
+    result = {
+        "cpu_cores": os.cpu_count(),
+        **facts,
+        "median_s": {k: round(v, 3) for k, v in medians.items()},
+        "all_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+        "ratios": figures,
+    }
     if json_path:
         json_path.write_text(json.dumps(result, indent=2))
     return result

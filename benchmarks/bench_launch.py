@@ -37,15 +37,20 @@ def _env(**extra: str) -> Dict[str, str]:
 
 
 def run_mmt(scratch: Path) -> None:
-    timing.run([PY, "train.py", "-m", "recipe=probe", "num_nodes=2", "devices=2", f"hydra.sweep.dir={scratch}/mmt"],
-               cwd=REPO, env=_env())
+    timing.run(
+        [PY, "train.py", "-m", "recipe=probe", "num_nodes=2", "devices=2", f"hydra.sweep.dir={scratch}/mmt"],
+        cwd=REPO,
+        env=_env(),
+    )
 
 
 def run_shell(scratch: Path) -> None:
     port = _free_port()
-    lines = [f"MASTER_ADDR=127.0.0.1 MASTER_PORT={port} WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 NUM_NODES=2 "
-             f"NODE_RANK={r // 2} LOCAL_RANK={r % 2} RANK={r} OMP_NUM_THREADS=1 {PY} benchmarks/probe_main.py &"
-             for r in range(4)]
+    lines = [
+        f"MASTER_ADDR=127.0.0.1 MASTER_PORT={port} WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 NUM_NODES=2 "
+        f"NODE_RANK={r // 2} LOCAL_RANK={r % 2} RANK={r} OMP_NUM_THREADS=1 {PY} benchmarks/probe_main.py &"
+        for r in range(4)
+    ]
     script = "\n".join(lines) + "\nfor job in $(jobs -p); do wait $job || exit 1; done\n"
     timing.run(["/bin/sh", "-c", script], cwd=REPO, env=_env())
 
@@ -53,11 +58,24 @@ def run_shell(scratch: Path) -> None:
 def run_torchrun(scratch: Path) -> None:
     port = _free_port()
     agents = [
-        subprocess.Popen([PY, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
-                          f"--node-rank={node}", "--rdzv-backend=static", "--master-addr=127.0.0.1",
-                          f"--master-port={port}", "benchmarks/probe_main.py"],
-                         cwd=REPO, env=_env(OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+        subprocess.Popen(
+            [
+                PY,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc-per-node=2",
+                f"--node-rank={node}",
+                "--rdzv-backend=static",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                "benchmarks/probe_main.py",
+            ],
+            cwd=REPO,
+            env=_env(OMP_NUM_THREADS="1"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for node in range(2)
     ]
     codes = [agent.wait() for agent in agents]
@@ -66,19 +84,36 @@ def run_torchrun(scratch: Path) -> None:
 
 
 def run_submitit(scratch: Path) -> None:
-    timing.run([PY, "benchmarks/submitit_probe_app.py", "-m", "hydra/launcher=submitit_local",
-                "hydra.launcher.tasks_per_node=4", "hydra.launcher.timeout_min=5",
-                f"hydra.sweep.dir={scratch}/submitit"], cwd=REPO, env=_env(OMP_NUM_THREADS="1"))
+    timing.run(
+        [
+            PY,
+            "benchmarks/submitit_probe_app.py",
+            "-m",
+            "hydra/launcher=submitit_local",
+            "hydra.launcher.tasks_per_node=4",
+            "hydra.launcher.timeout_min=5",
+            f"hydra.sweep.dir={scratch}/submitit",
+        ],
+        cwd=REPO,
+        env=_env(OMP_NUM_THREADS="1"),
+    )
 
 
 VARIANTS: Dict[str, Callable[[Path], None]] = {
-    "a_mmt": run_mmt, "b_shell": run_shell, "c_torchrun": run_torchrun, "d_submitit_local": run_submitit,
+    "a_mmt": run_mmt,
+    "b_shell": run_shell,
+    "c_torchrun": run_torchrun,
+    "d_submitit_local": run_submitit,
 }
 
 
 def main() -> None:
-    timing.main(__doc__.split("\n\n")[0], VARIANTS, {"a/b": ("a_mmt", "b_shell"), "a/c": ("a_mmt", "c_torchrun"),
-                                                    "a/d": ("a_mmt", "d_submitit_local")}, "mmt-bench-")
+    timing.main(
+        __doc__.split("\n\n")[0],
+        VARIANTS,
+        {"a/b": ("a_mmt", "b_shell"), "a/c": ("a_mmt", "c_torchrun"), "a/d": ("a_mmt", "d_submitit_local")},
+        "mmt-bench-",
+    )
 
 
 if __name__ == "__main__":

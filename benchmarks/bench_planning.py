@@ -26,8 +26,15 @@ SIZES = (20, 500)
 def sweep(size: int, scratch: Path) -> Tuple[List[Dict[str, float]], float]:
     probe = scratch / f"probe-{size}.json"
     env = {**os.environ, "MMT_PLANNING_PROBE": str(probe), "PYTHONPATH": str(REPO / "benchmarks")}
-    args = [sys.executable, str(REPO / "benchmarks" / "planning_probe.py"), "-m", "command='true'",
-            f"+i=range({size})", "hydra.launcher.dry_run=true", f"hydra.sweep.dir={scratch}/sweep-{size}"]
+    args = [
+        sys.executable,
+        str(REPO / "benchmarks" / "planning_probe.py"),
+        "-m",
+        "command='true'",
+        f"+i=range({size})",
+        "hydra.launcher.dry_run=true",
+        f"hydra.sweep.dir={scratch}/sweep-{size}",
+    ]
     started = time.perf_counter()
     done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -57,18 +64,26 @@ def main() -> None:
     small, large = figures[str(SIZES[0])], figures[str(SIZES[-1])]
     ratio = round(large["median_ms_per_job"] / small["median_ms_per_job"], 3)
     for size, row in figures.items():
-        print(f"{size:>4} jobs: {row['median_ms_per_job']:7.2f} ms/job (median), {row['total_s']:6.2f} s in all, "
-              f"payload {row['first_payload_kb']} KB (job 0) .. {row['last_payload_kb']} KB (last job)")
+        print(
+            f"{size:>4} jobs: {row['median_ms_per_job']:7.2f} ms/job (median), {row['total_s']:6.2f} s in all, "
+            f"payload {row['first_payload_kb']} KB (job 0) .. {row['last_payload_kb']} KB (last job)"
+        )
     print(f"per-job cost, {SIZES[-1]} vs {SIZES[0]} jobs: {ratio}x (goal <= 1.2x)")
     # the whole dry run, the sweeper's own composing and the printing included: the cost of each job past the 20th
     marginal = round(1000 * (large["wall_s"] - small["wall_s"]) / (SIZES[-1] - SIZES[0]), 1)
-    print(f"whole dry run: {small['wall_s']} s for {SIZES[0]} jobs, {large['wall_s']} s for {SIZES[-1]}: "
-          f"{marginal} ms for each job past the {SIZES[0]}th")
+    print(
+        f"whole dry run: {small['wall_s']} s for {SIZES[0]} jobs, {large['wall_s']} s for {SIZES[-1]}: "
+        f"{marginal} ms for each job past the {SIZES[0]}th"
+    )
     growth = round(large["first_payload_kb"] / large["last_payload_kb"], 3)
     print(f"payload of job 0 / last job in the {SIZES[-1]}-job sweep: {growth}x (goal 1.0x: no growth)")
     if args.json:
-        args.json.write_text(json.dumps({"sizes": figures, "per_job_ratio": ratio, "payload_growth": growth,
-                                         "marginal_ms_per_job": marginal}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {"sizes": figures, "per_job_ratio": ratio, "payload_growth": growth, "marginal_ms_per_job": marginal},
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -37,10 +37,21 @@ def bench_recipes(repeats: int, extra: List[str], scratch: Path) -> None:
     rates: Dict[str, List[float]] = {name: [] for name in RECIPES}
     durations: Dict[str, List[float]] = {name: [] for name in RECIPES}
     for repeat in range(repeats):
-        order = RECIPES[repeat % 3:] + RECIPES[:repeat % 3]  # no recipe always runs first (cold caches)
+        order = RECIPES[repeat % 3 :] + RECIPES[: repeat % 3]  # no recipe always runs first (cold caches)
         sweep = scratch / f"recipes{repeat}"
-        _run(["train.py", "-m", f"recipe={','.join(order)}", "num_nodes=2", "devices=2",
-              "hydra.launcher.max_parallel_ranks=4", f"hydra.sweep.dir={sweep}", *extra], timeout=1800)
+        _run(
+            [
+                "train.py",
+                "-m",
+                f"recipe={','.join(order)}",
+                "num_nodes=2",
+                "devices=2",
+                "hydra.launcher.max_parallel_ranks=4",
+                f"hydra.sweep.dir={sweep}",
+                *extra,
+            ],
+            timeout=1800,
+        )
         for result in (json.loads(p.read_text()) for p in sweep.glob("*/result.json")):
             name = result["overrides"][0].split("=", 1)[1]
             rates[name].append(result["return_value"]["samples_per_s"])
@@ -50,47 +61,74 @@ def bench_recipes(repeats: int, extra: List[str], scratch: Path) -> None:
     print("\nrecipes on one 2 x 2 job (local backend, gloo, CPU), samples/s inside the training steps:")
     print(f"  {'recipe':<10} {'median':>8} {'min':>8} {'max':>8} {'job wall s (median)':>21}")
     for name in RECIPES:
-        print(f"  {name:<10} {medians[name]:8.1f} {min(rates[name]):8.1f} {max(rates[name]):8.1f} "
-              f"{statistics.median(durations[name]):21.1f}")
-    print(f"  Trainer / raw PyTorch = {medians['lm'] / medians['lm_torch']:.3f}; "
-          f"Fabric / raw PyTorch = {medians['lm_fabric'] / medians['lm_torch']:.3f}  (n={repeats})")
+        print(
+            f"  {name:<10} {medians[name]:8.1f} {min(rates[name]):8.1f} {max(rates[name]):8.1f} "
+            f"{statistics.median(durations[name]):21.1f}"
+        )
+    print(
+        f"  Trainer / raw PyTorch = {medians['lm'] / medians['lm_torch']:.3f}; "
+        f"Fabric / raw PyTorch = {medians['lm_fabric'] / medians['lm_torch']:.3f}  (n={repeats})"
+    )
 
 
 def _tune(recipe: str, mode: str, budget_gb: float, max_micro: int, scratch: Path) -> dict:
     table = scratch / f"{mode}.yaml"
-    _run(["tune.py", f"recipe={recipe}", f"tune.mode={mode}", f"tune.budget_gb={budget_gb}",
-          f"tune.max_micro={max_micro}", f"tune.table={table}", f"hydra.run.dir={scratch / mode}"], timeout=7200)
+    _run(
+        [
+            "tune.py",
+            f"recipe={recipe}",
+            f"tune.mode={mode}",
+            f"tune.budget_gb={budget_gb}",
+            f"tune.max_micro={max_micro}",
+            f"tune.table={table}",
+            f"hydra.run.dir={scratch / mode}",
+        ],
+        timeout=7200,
+    )
     [entry] = yaml.safe_load(table.read_text())["entries"]
     return entry
 
 
 def bench_tuner(recipe: str, budget_gb: float, max_micro: int, scratch: Path) -> None:
     searched = _tune(recipe, "search", budget_gb, max_micro, scratch)
-    print(f"  search: {searched['search']['trials']} trials, {searched['search']['seconds']:.0f} s of trials; "
-          f"largest fit {searched['max_fit']}, chose {searched['micro_batch']}", flush=True)
+    print(
+        f"  search: {searched['search']['trials']} trials, {searched['search']['seconds']:.0f} s of trials; "
+        f"largest fit {searched['max_fit']}, chose {searched['micro_batch']}",
+        flush=True,
+    )
     swept = _tune(recipe, "sweep", budget_gb, max_micro, scratch)
     rates = {int(m): r for m, r in swept["candidates"].items() if isinstance(r, (int, float))}
     cap = swept["margin_cap"]
     fastest = max((m for m in rates if m <= cap), key=lambda m: rates[m])
     chosen = searched["micro_batch"]
-    print(f"\ntuner vs exhaustive sweep: recipe {recipe}, {budget_gb:g} GiB per device (RLIMIT_DATA), "
-          f"candidates 1..{max_micro}")
+    print(
+        f"\ntuner vs exhaustive sweep: recipe {recipe}, {budget_gb:g} GiB per device (RLIMIT_DATA), "
+        f"candidates 1..{max_micro}"
+    )
     print(f"  largest fit:      search {searched['max_fit']}, sweep {swept['max_fit']}")
-    print(f"  trials:           search {searched['search']['trials']} ({searched['search']['seconds']:.0f} s), "
-          f"sweep {swept['search']['trials']} ({swept['search']['seconds']:.0f} s)")
-    print(f"  chosen:           search {chosen} ({searched['samples_per_s']:.1f} samples/s when searched); "
-          f"sweep's fastest below its margin cap {cap}: {fastest} ({rates[fastest]:.1f} samples/s)")
+    print(
+        f"  trials:           search {searched['search']['trials']} ({searched['search']['seconds']:.0f} s), "
+        f"sweep {swept['search']['trials']} ({swept['search']['seconds']:.0f} s)"
+    )
+    print(
+        f"  chosen:           search {chosen} ({searched['samples_per_s']:.1f} samples/s when searched); "
+        f"sweep's fastest below its margin cap {cap}: {fastest} ({rates[fastest]:.1f} samples/s)"
+    )
     if chosen in rates:
-        print(f"  the sweep measured the search's choice at {rates[chosen]:.1f} samples/s = "
-              f"{rates[chosen] / rates[fastest]:.3f} x its fastest")
+        print(
+            f"  the sweep measured the search's choice at {rates[chosen]:.1f} samples/s = "
+            f"{rates[chosen] / rates[fastest]:.3f} x its fastest"
+        )
     top = sorted(rates.items(), key=lambda kv: -kv[1])[:5]
     print("  sweep's five fastest: " + ", ".join(f"{m}: {r:.1f}" for m, r in top))
     # one short trial is noisy: compare on the sweep's curve smoothed over each candidate's +-2 neighbours
     smooth = {m: statistics.median(rates[n] for n in range(m - 2, m + 3) if n in rates) for m in rates}
     best = max((m for m in smooth if m <= cap), key=lambda m: smooth[m])
     if chosen in smooth:
-        print(f"  on the smoothed sweep (median of 5 neighbours): the choice {chosen} {smooth[chosen]:.1f}, the "
-              f"fastest {best} {smooth[best]:.1f} samples/s: {smooth[chosen] / smooth[best]:.3f} x")
+        print(
+            f"  on the smoothed sweep (median of 5 neighbours): the choice {chosen} {smooth[chosen]:.1f}, the "
+            f"fastest {best} {smooth[best]:.1f} samples/s: {smooth[chosen] / smooth[best]:.3f} x"
+        )
 
 
 def main() -> None:

@@ -53,10 +53,22 @@ def end_to_end(interval_s: float, hold_s: float, scratch: Path) -> Dict[str, flo
     """The agent's CPU seconds per wall second while the ranks hold (from 8 s after the start to 2 s before the
     hold ends)."""
     started = time.perf_counter()
-    launcher = subprocess.Popen([PY, "train.py", "-m", "recipe=probe", "num_nodes=2", "devices=2",
-                                 f"recipe.hold_s={hold_s}", f"hydra.launcher.metrics_interval_s={interval_s}",
-                                 f"hydra.sweep.dir={scratch}"], cwd=REPO, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+    launcher = subprocess.Popen(
+        [
+            PY,
+            "train.py",
+            "-m",
+            "recipe=probe",
+            "num_nodes=2",
+            "devices=2",
+            f"recipe.hold_s={hold_s}",
+            f"hydra.launcher.metrics_interval_s={interval_s}",
+            f"hydra.sweep.dir={scratch}",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     agent, readings = None, []
     while launcher.poll() is None:
         agent = agent or _agent_of(launcher.pid)
@@ -97,8 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hold", type=float, default=20.0)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--max-share-percent", type=float, default=1.0,
-                        help="fail at this share of one core or more (the budget: under 1 %%)")
+    parser.add_argument(
+        "--max-share-percent",
+        type=float,
+        default=1.0,
+        help="fail at this share of one core or more (the budget: under 1 %%)",
+    )
     return parser
 
 
@@ -106,8 +122,10 @@ def enforce_budget(share_percent: float, max_share_percent: float) -> None:
     """Exit with status 1 and a one-line reason when the sampler costs ``max_share_percent`` of a core or
     more, so that CI, not a reader of the numbers, catches a sampler that got expensive."""
     if share_percent >= max_share_percent:
-        sys.exit(f"bench_sampler: the sampler takes {share_percent:.2f} % of one core, "
-                 f"the budget is under {max_share_percent:.2f} %")
+        sys.exit(
+            f"bench_sampler: the sampler takes {share_percent:.2f} % of one core, "
+            f"the budget is under {max_share_percent:.2f} %"
+        )
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -115,23 +133,34 @@ def main(argv: Optional[List[str]] = None) -> None:
     runs: Dict[str, List[Dict[str, float]]] = {"on": [], "off": []}
     with tempfile.TemporaryDirectory() as scratch:
         for round_ in range(args.rounds):
-            for name in (("on", "off") if round_ % 2 == 0 else ("off", "on")):
+            for name in ("on", "off") if round_ % 2 == 0 else ("off", "on"):
                 interval_s = 1.0 if name == "on" else 0.0
                 runs[name].append(end_to_end(interval_s, args.hold, Path(scratch) / f"{name}{round_}"))
     on = statistics.median(r["agent_cpu_per_s"] for r in runs["on"])
     off = statistics.median(r["agent_cpu_per_s"] for r in runs["off"])
     share = 100.0 * (on - off)
     per_sample = sampler_alone(200)
-    print(f"(a) the host agent while the ranks hold: {100 * on:.2f} % of one core with sampling (2 nodes, 1 s), "
-          f"{100 * off:.2f} % without: the sampler takes {share:.2f} % of one core   runs on "
-          f"{[round(100 * r['agent_cpu_per_s'], 2) for r in runs['on']]} off "
-          f"{[round(100 * r['agent_cpu_per_s'], 2) for r in runs['off']]}")
+    print(
+        f"(a) the host agent while the ranks hold: {100 * on:.2f} % of one core with sampling (2 nodes, 1 s), "
+        f"{100 * off:.2f} % without: the sampler takes {share:.2f} % of one core   runs on "
+        f"{[round(100 * r['agent_cpu_per_s'], 2) for r in runs['on']]} off "
+        f"{[round(100 * r['agent_cpu_per_s'], 2) for r in runs['off']]}"
+    )
     print(f"(b) one sample: {per_sample * 1000:.2f} ms of CPU = {per_sample * 100:.2f} % of one core at 1 sample/s")
     if args.json:
-        args.json.write_text(json.dumps({"rounds": args.rounds, "hold_s": args.hold, "runs": runs,
-                                         "share_of_core_percent": round(share, 3),
-                                         "max_share_percent": args.max_share_percent,
-                                         "sample_cpu_ms": round(per_sample * 1000, 3)}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "rounds": args.rounds,
+                    "hold_s": args.hold,
+                    "runs": runs,
+                    "share_of_core_percent": round(share, 3),
+                    "max_share_percent": args.max_share_percent,
+                    "sample_cpu_ms": round(per_sample * 1000, 3),
+                },
+                indent=2,
+            )
+        )
     enforce_budget(share, args.max_share_percent)
 
 

@@ -36,13 +36,35 @@ def _env() -> Dict[str, str]:
 
 def variants(per_node: int) -> Dict[str, Callable[[Path], None]]:
     def mmt(scratch: Path) -> None:
-        run([PY, "train.py", "-m", "cluster=slurm", "recipe=probe", "num_nodes=2", f"devices={per_node}",
-             f"hydra.sweep.dir={scratch}/mmt"], cwd=REPO, env=_env())
+        run(
+            [
+                PY,
+                "train.py",
+                "-m",
+                "cluster=slurm",
+                "recipe=probe",
+                "num_nodes=2",
+                f"devices={per_node}",
+                f"hydra.sweep.dir={scratch}/mmt",
+            ],
+            cwd=REPO,
+            env=_env(),
+        )
 
     def submitit(scratch: Path) -> None:
-        run([PY, "benchmarks/submitit_probe_app.py", "-m", "hydra/launcher=submitit_slurm",
-             "hydra.launcher.nodes=2", f"hydra.launcher.tasks_per_node={per_node}",
-             f"hydra.sweep.dir={scratch}/submitit"], cwd=REPO, env=_env())
+        run(
+            [
+                PY,
+                "benchmarks/submitit_probe_app.py",
+                "-m",
+                "hydra/launcher=submitit_slurm",
+                "hydra.launcher.nodes=2",
+                f"hydra.launcher.tasks_per_node={per_node}",
+                f"hydra.sweep.dir={scratch}/submitit",
+            ],
+            cwd=REPO,
+            env=_env(),
+        )
 
     return {f"a_mmt_slurm_2x{per_node}": mmt, f"b_submitit_slurm_2x{per_node}": submitit}
 
@@ -54,7 +76,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if shutil.which("sbatch") is None or "SLURM_CONF" not in os.environ and not Path("/etc/slurm/slurm.conf").exists():
-        sys.exit("no SLURM cluster: scripts/slurm_cluster.sh start && eval \"$(scripts/slurm_cluster.sh env)\"")
+        sys.exit('no SLURM cluster: scripts/slurm_cluster.sh start && eval "$(scripts/slurm_cluster.sh env)"')
     figures = {}
     for per_node in [int(n) for n in args.per_node.split(",")]:
         scratch = Path(tempfile.mkdtemp(prefix="mmt-bench-slurm-"))
@@ -63,8 +85,7 @@ def main() -> None:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         a, b = list(times)
-        figures[f"2x{per_node}"] = report(times, {f"mmt/submitit_slurm 2x{per_node}": (a, b)}, None,
-                                          rounds=args.rounds)
+        figures[f"2x{per_node}"] = report(times, {f"mmt/submitit_slurm 2x{per_node}": (a, b)}, None, rounds=args.rounds)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
 

@@ -20,8 +20,13 @@ def timed_prepare_job(**kwargs):  # type: ignore[no-untyped-def]
     started = time.perf_counter()
     job = _prepare_job(**kwargs)
     seconds = time.perf_counter() - started
-    _samples.append({"num": job.prepared.plan.num, "seconds": seconds,
-                     "payload_bytes": len(cloudpickle.dumps(job.prepared.payload))})
+    _samples.append(
+        {
+            "num": job.prepared.plan.num,
+            "seconds": seconds,
+            "payload_bytes": len(cloudpickle.dumps(job.prepared.payload)),
+        }
+    )
     return job
 
 

@@ -60,8 +60,10 @@ def corpus_lines(min_blocks: Optional[int] = None, block_size: int = 35) -> List
             if _blocks(tokens, block_size) >= min_blocks:
                 break
         else:
-            raise ValueError(f"the offline corpus has only {_blocks(tokens, block_size)} blocks of {block_size} "
-                             f"tokens; {min_blocks} were asked for")
+            raise ValueError(
+                f"the offline corpus has only {_blocks(tokens, block_size)} blocks of {block_size} "
+                f"tokens; {min_blocks} were asked for"
+            )
     return lines
 
 
@@ -75,8 +77,10 @@ def ensure_corpus(data_dir: str, min_blocks: Optional[int] = None, block_size: i
     path = Path(data_dir) / CORPUS_FILE
     if path.exists() and path.stat().st_size > 0:
         if min_blocks is not None and _blocks(_count_tokens(path), block_size) < min_blocks:
-            raise ValueError(f"{path} has fewer than {min_blocks} blocks of {block_size} tokens; remove it to "
-                             f"have a larger offline corpus written")
+            raise ValueError(
+                f"{path} has fewer than {min_blocks} blocks of {block_size} tokens; remove it to "
+                f"have a larger offline corpus written"
+            )
         return path
     lines = corpus_lines(min_blocks, block_size)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,12 +29,14 @@ from recipes.lm_config import LMConfig
 
 
 class LanguageModel(L.LightningModule):
-    def __init__(self, vocab_size: int, ninp: int, nhead: int, nhid: int, nlayers: int, dropout: float,
-                 lr: float) -> None:
+    def __init__(
+        self, vocab_size: int, ninp: int, nhead: int, nhid: int, nlayers: int, dropout: float, lr: float
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.model = Transformer(vocab_size=vocab_size, ninp=ninp, nhead=nhead, nhid=nhid, nlayers=nlayers,
-                                 dropout=dropout)
+        self.model = Transformer(
+            vocab_size=vocab_size, ninp=ninp, nhead=nhead, nhid=nhid, nlayers=nlayers, dropout=dropout
+        )
         self.train_losses: list = []
 
     def _loss(self, batch: Any) -> torch.Tensor:
@@ -77,8 +79,9 @@ class Throughput(L.Callback):
     def on_train_batch_start(self, *args: Any) -> None:
         self.clock.start()
 
-    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self.clock.stop(self.batches, len(batch[0]))
         self.batches += 1
 
@@ -102,15 +105,15 @@ def train(**recipe: Any) -> Dict[str, Any]:
 def _trainer(config: LMConfig, plan: RankPlan, throughput: Throughput, last: Path) -> L.Trainer:
     """The Trainer for the launcher's world: DDP over every rank, the plan's accumulation, mmt's checkpoint IO and
     requeue handling, metrics.csv written at every step."""
-    checkpoints = L.pytorch.callbacks.ModelCheckpoint(dirpath=plan.out / "checkpoints", save_last=True,
-                                                      save_top_k=0)
+    checkpoints = L.pytorch.callbacks.ModelCheckpoint(dirpath=plan.out / "checkpoints", save_last=True, save_top_k=0)
     environment = cluster_environment()  # under SLURM: Lightning's SLURM environment, its auto-requeue off
     return L.Trainer(
         accelerator=config.accelerator,
         num_nodes=plan.rank.num_nodes,
         devices=plan.rank.local_world_size,
         strategy=DDPStrategy(find_unused_parameters=keep_ddp_buckets(config.fixed_buckets))
-        if plan.rank.world_size > 1 else "auto",
+        if plan.rank.world_size > 1
+        else "auto",
         max_steps=config.max_steps,
         val_check_interval=config.val_check_interval * plan.accumulate,  # Lightning counts micro-batches here
         check_val_every_n_epoch=None,
@@ -130,14 +133,22 @@ def _trainer(config: LMConfig, plan: RankPlan, throughput: Throughput, last: Pat
     )
 
 
-def _result(trainer: L.Trainer, module: LanguageModel, throughput: Throughput, plan: RankPlan, resumed: bool,
-            last: Path) -> Dict[str, Any]:
+def _result(
+    trainer: L.Trainer, module: LanguageModel, throughput: Throughput, plan: RankPlan, resumed: bool, last: Path
+) -> Dict[str, Any]:
     """The summary every LM recipe returns, plus the cluster environment Lightning ran under; rank 0 reports it."""
-    result = summary(val_loss=float(trainer.callback_metrics.get("val_loss", float("nan"))),
-                     train_losses=module.train_losses,
-                     steps=trainer.global_step, world_size=trainer.world_size, micro=plan.micro,
-                     accumulate=plan.accumulate, samples_per_s=throughput.clock.samples_per_s, resumed=resumed,
-                     digests=gather(weights_digest(module), plan.rank.world_size), checkpoint=str(last))
+    result = summary(
+        val_loss=float(trainer.callback_metrics.get("val_loss", float("nan"))),
+        train_losses=module.train_losses,
+        steps=trainer.global_step,
+        world_size=trainer.world_size,
+        micro=plan.micro,
+        accumulate=plan.accumulate,
+        samples_per_s=throughput.clock.samples_per_s,
+        resumed=resumed,
+        digests=gather(weights_digest(module), plan.rank.world_size),
+        checkpoint=str(last),
+    )
     environment = getattr(trainer.strategy, "cluster_environment", None)  # a single device has none
     result["cluster_environment"] = type(environment).__name__ if environment is not None else None
     if plan.rank.is_main:

@@ -111,9 +111,19 @@ def gather(value: Any, world_size: int) -> List[Any]:
     return gathered
 
 
-def summary(*, val_loss: float, train_losses: List[float], steps: int, world_size: int, micro: int,
-            accumulate: int, samples_per_s: Optional[float], resumed: bool, digests: List[str],
-            checkpoint: str) -> Dict[str, Any]:
+def summary(
+    *,
+    val_loss: float,
+    train_losses: List[float],
+    steps: int,
+    world_size: int,
+    micro: int,
+    accumulate: int,
+    samples_per_s: Optional[float],
+    resumed: bool,
+    digests: List[str],
+    checkpoint: str,
+) -> Dict[str, Any]:
     """The result every LM recipe returns (rank 0's is the job's result)."""
     return {
         "val_loss": float(val_loss),
@@ -134,9 +144,12 @@ def summary(*, val_loss: float, train_losses: List[float], steps: int, world_siz
 
 def report(recipe: str, result: Dict[str, Any]) -> None:
     """The line rank 0 prints at the end (the launcher shows it; tests look for it)."""
-    print(f"{recipe}: {result['steps']} steps on {result['world_size']} ranks (micro-batch "
-          f"{result['micro_batch_size']} x {result['grad_accum']}), val_loss={result['val_loss']:.4f}, "
-          f"weights identical on all ranks: {result['weights_in_sync']}", flush=True)
+    print(
+        f"{recipe}: {result['steps']} steps on {result['world_size']} ranks (micro-batch "
+        f"{result['micro_batch_size']} x {result['grad_accum']}), val_loss={result['val_loss']:.4f}, "
+        f"weights identical on all ranks: {result['weights_in_sync']}",
+        flush=True,
+    )
 
 
 def append_metrics(path: Path, rows: List[Dict[str, Any]]) -> None:

@@ -19,13 +19,20 @@ def _check_keys(cls: type, keys: Any, where: str) -> None:
     known = [item.name for item in fields(cls)]
     unknown = [key for key in keys if key not in known]
     if unknown:
-        raise TypeError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} "
-                        f"{', '.join(repr(str(key)) for key in unknown)}; expected one of: {', '.join(known)}")
-    missing = [item.name for item in fields(cls)
-               if item.name not in keys and item.default is MISSING and item.default_factory is MISSING]
+        raise TypeError(
+            f"{where}: unknown key{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(repr(str(key)) for key in unknown)}; expected one of: {', '.join(known)}"
+        )
+    missing = [
+        item.name
+        for item in fields(cls)
+        if item.name not in keys and item.default is MISSING and item.default_factory is MISSING
+    ]
     if missing:
-        raise TypeError(f"{where}: missing required key{'s' if len(missing) > 1 else ''} "
-                        f"{', '.join(repr(name) for name in missing)}")
+        raise TypeError(
+            f"{where}: missing required key{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(repr(name) for name in missing)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -44,8 +51,10 @@ class ModelConfig:
         if isinstance(value, cls):
             return value
         if not isinstance(value, Mapping):
-            raise TypeError(f"{where}: expected a mapping of {', '.join(item.name for item in fields(cls))}, "
-                            f"got {type(value).__name__} {value!r:.100}")
+            raise TypeError(
+                f"{where}: expected a mapping of {', '.join(item.name for item in fields(cls))}, "
+                f"got {type(value).__name__} {value!r:.100}"
+            )
         _check_keys(cls, value, where)
         return cls(**{str(key): item for key, item in value.items()})
 

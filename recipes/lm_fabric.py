@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, Tuple
 
 import lightning as L
-from lightning.fabric.strategies import DDPStrategy
 import torch
 import torch.nn.functional as F
+from lightning.fabric.strategies import DDPStrategy
 from lightning.pytorch.demos import Transformer
 from torch.utils.data import DataLoader
 
@@ -64,10 +64,18 @@ def train(**recipe: Any) -> Dict[str, Any]:
     if resumed:
         fabric.load(last, state)
     progress = _fit(fabric, config, plan, state, train_loader, val_loader, last)
-    result = summary(val_loss=progress.val_loss, train_losses=progress.losses, steps=state["step"],
-                     world_size=fabric.world_size, micro=plan.micro, accumulate=plan.accumulate,
-                     samples_per_s=progress.clock.samples_per_s, resumed=resumed,
-                     digests=gather(weights_digest(network.module), plan.rank.world_size), checkpoint=str(last))
+    result = summary(
+        val_loss=progress.val_loss,
+        train_losses=progress.losses,
+        steps=state["step"],
+        world_size=fabric.world_size,
+        micro=plan.micro,
+        accumulate=plan.accumulate,
+        samples_per_s=progress.clock.samples_per_s,
+        resumed=resumed,
+        digests=gather(weights_digest(network.module), plan.rank.world_size),
+        checkpoint=str(last),
+    )
     if fabric.global_rank == 0:
         report("lm_fabric", result)
     return result
@@ -75,10 +83,16 @@ def train(**recipe: Any) -> Dict[str, Any]:
 
 def _fabric(config: LMConfig, rank: RankInfo) -> L.Fabric:
     """Fabric for the launcher's world (DDP over every rank), launched (it spawns nothing: the ranks exist)."""
-    fabric = L.Fabric(accelerator=config.accelerator, num_nodes=rank.num_nodes, devices=rank.local_world_size,
-                      strategy=DDPStrategy(find_unused_parameters=keep_ddp_buckets(config.fixed_buckets))
-                      if rank.world_size > 1 else "auto",
-                      precision=config.precision, plugins=[AtomicCheckpointIO()])
+    fabric = L.Fabric(
+        accelerator=config.accelerator,
+        num_nodes=rank.num_nodes,
+        devices=rank.local_world_size,
+        strategy=DDPStrategy(find_unused_parameters=keep_ddp_buckets(config.fixed_buckets))
+        if rank.world_size > 1
+        else "auto",
+        precision=config.precision,
+        plugins=[AtomicCheckpointIO()],
+    )
     fabric.launch()
     rank.check_world_size(fabric.world_size, "fabric")
     return fabric
@@ -87,18 +101,25 @@ def _fabric(config: LMConfig, rank: RankInfo) -> L.Fabric:
 def _setup(fabric: L.Fabric, config: LMConfig, micro: int) -> Tuple[Any, Any, DataLoader, DataLoader]:
     """Seed, then the data, the model and its optimizer, set up by Fabric (it adds the DistributedSamplers)."""
     fabric.seed_everything(config.seed, workers=True, verbose=False)
-    train_set, val_set, vocab_size = load_splits(config.data_dir, config.block_size, config.val_fraction,
-                                                 config.seed)
+    train_set, val_set, vocab_size = load_splits(config.data_dir, config.block_size, config.val_fraction, config.seed)
     network = Transformer(vocab_size=vocab_size, **config.model.kwargs())
     optimizer = torch.optim.SGD(network.parameters(), lr=config.lr)
     network, optimizer = fabric.setup(network, optimizer)
-    train_loader, val_loader = fabric.setup_dataloaders(DataLoader(train_set, batch_size=micro, shuffle=True),
-                                                        DataLoader(val_set, batch_size=micro, shuffle=False))
+    train_loader, val_loader = fabric.setup_dataloaders(
+        DataLoader(train_set, batch_size=micro, shuffle=True), DataLoader(val_set, batch_size=micro, shuffle=False)
+    )
     return network, optimizer, train_loader, val_loader
 
 
-def _fit(fabric: L.Fabric, config: LMConfig, plan: RankPlan, state: Dict[str, Any], train_loader: DataLoader,
-         val_loader: DataLoader, last: Path) -> Progress:
+def _fit(
+    fabric: L.Fabric,
+    config: LMConfig,
+    plan: RankPlan,
+    state: Dict[str, Any],
+    train_loader: DataLoader,
+    val_loader: DataLoader,
+    last: Path,
+) -> Progress:
     """Optimizer steps up to ``config.max_steps``; validate and checkpoint every ``val_check_interval``."""
     network, optimizer = state["model"], state["optimizer"]
     progress, batches = Progress(plan.rank.world_size, plan.accumulate), _batches(train_loader)
@@ -111,15 +132,25 @@ def _fit(fabric: L.Fabric, config: LMConfig, plan: RankPlan, state: Dict[str, An
             row["val_loss"] = progress.val_loss
             fabric.save(last, state)  # rank 0 writes
             if fabric.global_rank == 0:  # fabric.print would print once per node
-                print(f"lm_fabric: step {state['step']} train_loss {progress.losses[-1]:.4f} "
-                      f"val_loss {progress.val_loss:.4f}", flush=True)
+                print(
+                    f"lm_fabric: step {state['step']} train_loss {progress.losses[-1]:.4f} "
+                    f"val_loss {progress.val_loss:.4f}",
+                    flush=True,
+                )
         if fabric.global_rank == 0:  # every step, as it happens: the launcher's progress reads it
             append_metrics(plan.out / "metrics.csv", [row])
     return progress
 
 
-def _optimizer_step(fabric: L.Fabric, network: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    batches: Iterator[Any], clip: float, accumulate: int, progress: Progress) -> None:
+def _optimizer_step(
+    fabric: L.Fabric,
+    network: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterator[Any],
+    clip: float,
+    accumulate: int,
+    progress: Progress,
+) -> None:
     """One optimizer step over ``accumulate`` micro-batches; the gradient all-reduce only on the last."""
     for micro_index in range(accumulate):
         batch = next(batches)

@@ -122,9 +122,13 @@ def _process_group(rank: RankInfo, device: torch.device, timeout_s: float) -> It
     """The process group of every rank (none on a single rank), from the rank contract; destroyed at the end."""
     distributed = rank.world_size > 1
     if distributed:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                init_method=f"tcp://{rank.master_addr}:{rank.master_port}", rank=rank.rank,
-                                world_size=rank.world_size, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{rank.master_addr}:{rank.master_port}",
+            rank=rank.rank,
+            world_size=rank.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
     try:
         yield
     finally:
@@ -140,10 +144,18 @@ def _train(config: TorchLMConfig, plan: RankPlan, run: _Run) -> Dict[str, Any]:
     resumed = resume_from(last, config.resume) is not None
     step = _resume(last, run, model) if resumed else 0
     progress, step = _fit(config, plan, run, model, data, last, step)
-    result = summary(val_loss=progress.val_loss, train_losses=progress.losses, steps=step,
-                     world_size=plan.rank.world_size, micro=plan.micro, accumulate=plan.accumulate,
-                     samples_per_s=progress.clock.samples_per_s, resumed=resumed,
-                     digests=gather(weights_digest(model.network), plan.rank.world_size), checkpoint=str(last))
+    result = summary(
+        val_loss=progress.val_loss,
+        train_losses=progress.losses,
+        steps=step,
+        world_size=plan.rank.world_size,
+        micro=plan.micro,
+        accumulate=plan.accumulate,
+        samples_per_s=progress.clock.samples_per_s,
+        resumed=resumed,
+        digests=gather(weights_digest(model.network), plan.rank.world_size),
+        checkpoint=str(last),
+    )
     if plan.rank.is_main:
         report("lm_torch", result)
     return result
@@ -151,12 +163,12 @@ def _train(config: TorchLMConfig, plan: RankPlan, run: _Run) -> Dict[str, Any]:
 
 def _data(config: TorchLMConfig, plan: RankPlan) -> _Data:
     """The corpus split, each rank's share of it (DistributedSampler) and the micro-batch loaders."""
-    train_set, val_set, vocab_size = load_splits(config.data_dir, config.block_size, config.val_fraction,
-                                                 config.seed)
+    train_set, val_set, vocab_size = load_splits(config.data_dir, config.block_size, config.val_fraction, config.seed)
     rank = plan.rank
     # the seed Lightning's samplers use (PL_GLOBAL_SEED): the same shuffle as lm and lm_fabric
-    sampler = DistributedSampler(train_set, num_replicas=rank.world_size, rank=rank.rank, shuffle=True,
-                                 seed=config.seed)
+    sampler = DistributedSampler(
+        train_set, num_replicas=rank.world_size, rank=rank.rank, shuffle=True, seed=config.seed
+    )
     val_sampler = DistributedSampler(val_set, num_replicas=rank.world_size, rank=rank.rank, shuffle=False)
     train_loader = DataLoader(train_set, batch_size=plan.micro, sampler=sampler)
     val_loader = DataLoader(val_set, batch_size=plan.micro, sampler=val_sampler)
@@ -166,9 +178,15 @@ def _data(config: TorchLMConfig, plan: RankPlan) -> _Data:
 def _model(config: TorchLMConfig, rank: RankInfo, run: _Run, vocab_size: int) -> _Model:
     """The Transformer on this rank's device, in DDP where there are several ranks, and its optimizer."""
     network = Transformer(vocab_size=vocab_size, **config.model.kwargs()).to(run.device)
-    ddp = DistributedDataParallel(network, device_ids=[run.device.index] if run.device.type == "cuda" else None,
-                                  find_unused_parameters=keep_ddp_buckets(config.fixed_buckets)) \
-        if rank.world_size > 1 else network
+    ddp = (
+        DistributedDataParallel(
+            network,
+            device_ids=[run.device.index] if run.device.type == "cuda" else None,
+            find_unused_parameters=keep_ddp_buckets(config.fixed_buckets),
+        )
+        if rank.world_size > 1
+        else network
+    )
     optimizer = torch.optim.SGD(ddp.parameters(), lr=config.lr)
     return _Model(network, ddp, optimizer)
 
@@ -181,8 +199,9 @@ def _resume(last: Path, run: _Run, model: _Model) -> int:
     return int(state["step"])
 
 
-def _fit(config: TorchLMConfig, plan: RankPlan, run: _Run, model: _Model, data: _Data, last: Path,
-         step: int) -> Tuple[Progress, int]:
+def _fit(
+    config: TorchLMConfig, plan: RankPlan, run: _Run, model: _Model, data: _Data, last: Path, step: int
+) -> Tuple[Progress, int]:
     """Optimizer steps from ``step`` up to ``config.max_steps``; validate and checkpoint every
     ``val_check_interval``. Returns the progress and the last step."""
     progress, batches = Progress(plan.rank.world_size, plan.accumulate), _batches(data.train_loader, data.sampler)
@@ -194,10 +213,13 @@ def _fit(config: TorchLMConfig, plan: RankPlan, run: _Run, model: _Model, data: 
             progress.val_loss = run.validate(model.ddp, data.val_loader, config.limit_val_batches)
             row["val_loss"] = progress.val_loss
             if plan.rank.is_main:
-                print(f"lm_torch: step {step} train_loss {progress.losses[-1]:.4f} "
-                      f"val_loss {progress.val_loss:.4f}", flush=True)
-                _save(last, {"model": model.network.state_dict(), "optimizer": model.optimizer.state_dict(),
-                             "step": step})
+                print(
+                    f"lm_torch: step {step} train_loss {progress.losses[-1]:.4f} val_loss {progress.val_loss:.4f}",
+                    flush=True,
+                )
+                _save(
+                    last, {"model": model.network.state_dict(), "optimizer": model.optimizer.state_dict(), "step": step}
+                )
             if plan.rank.world_size > 1:
                 dist.barrier()  # nobody resumes from a half-written checkpoint
         if plan.rank.is_main:  # every step, as it happens: the launcher's progress reads it
@@ -205,8 +227,9 @@ def _fit(config: TorchLMConfig, plan: RankPlan, run: _Run, model: _Model, data: 
     return progress, step
 
 
-def _optimizer_step(run: _Run, model: _Model, batches: Iterator[Any], clip: float, accumulate: int,
-                    progress: Progress) -> None:
+def _optimizer_step(
+    run: _Run, model: _Model, batches: Iterator[Any], clip: float, accumulate: int, progress: Progress
+) -> None:
     """One optimizer step over ``accumulate`` micro-batches; the gradient all-reduce only on the last."""
     ddp, optimizer = model.ddp, model.optimizer
     for micro_index in range(accumulate):

@@ -56,8 +56,15 @@ def _facts(rank: RankInfo) -> Dict[str, Any]:
     }
 
 
-def probe(backend: str = "auto", fail_rank: Optional[int] = None, fail_mode: str = "raise", fail_at: str = "start",
-          exit_code: int = 1, init_timeout_s: float = 120, hold_s: float = 0) -> Dict[str, Any]:
+def probe(
+    backend: str = "auto",
+    fail_rank: Optional[int] = None,
+    fail_mode: str = "raise",
+    fail_at: str = "start",
+    exit_code: int = 1,
+    init_timeout_s: float = 120,
+    hold_s: float = 0,
+) -> Dict[str, Any]:
     if fail_mode not in FAIL_MODES:
         raise ValueError(f"recipe.fail_mode={fail_mode!r}: expected one of {', '.join(FAIL_MODES)}")
     if fail_at not in ("start", "end"):
@@ -71,8 +78,13 @@ def probe(backend: str = "auto", fail_rank: Optional[int] = None, fail_mode: str
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     started = time.perf_counter()
-    dist.init_process_group(backend, init_method=f"tcp://{rank.master_addr}:{rank.master_port}", rank=rank.rank,
-                            world_size=rank.world_size, timeout=timedelta(seconds=init_timeout_s))
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{rank.master_addr}:{rank.master_port}",
+        rank=rank.rank,
+        world_size=rank.world_size,
+        timeout=timedelta(seconds=init_timeout_s),
+    )
     try:
         device = torch.device("cuda", rank.local_rank) if backend == "nccl" else torch.device("cpu")
         total = torch.tensor([float(rank.rank + 1)], device=device)

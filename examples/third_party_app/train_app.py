@@ -1,8 +1,8 @@
 """A Hydra + Lightning app, written without mmt in mind; configs/launch/mmt.yaml runs it with mmt.
 
-    python train_app.py launch=plain                          # one process, Hydra's basic launcher
-    python train_app.py num_nodes=2 devices=2                 # with mmt: 2 nodes x 2 processes, a world of 4
-    python train_app.py num_nodes=1,2 devices=2 model.lr=0.05,0.1
+python train_app.py launch=plain                          # one process, Hydra's basic launcher
+python train_app.py num_nodes=2 devices=2                 # with mmt: 2 nodes x 2 processes, a world of 4
+python train_app.py num_nodes=1,2 devices=2 model.lr=0.05,0.1
 """
 
 from pathlib import Path
@@ -32,10 +32,15 @@ def main(cfg: DictConfig) -> dict:
     logger = hydra.utils.instantiate(cfg.logger)
     trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=logger)
     trainer.fit(model, datamodule=data)
-    print(f"trainer: global_rank={trainer.global_rank} world_size={trainer.world_size} "
-          f"num_nodes={trainer.num_nodes} devices={trainer.num_devices} steps={trainer.global_step}")
-    return {"val_loss": float(trainer.callback_metrics["val_loss"]), "world_size": trainer.world_size,
-            "steps": trainer.global_step}
+    print(
+        f"trainer: global_rank={trainer.global_rank} world_size={trainer.world_size} "
+        f"num_nodes={trainer.num_nodes} devices={trainer.num_devices} steps={trainer.global_step}"
+    )
+    return {
+        "val_loss": float(trainer.callback_metrics["val_loss"]),
+        "world_size": trainer.world_size,
+        "steps": trainer.global_step,
+    }
 
 
 if __name__ == "__main__":

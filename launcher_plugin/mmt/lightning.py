@@ -73,8 +73,10 @@ class RequeueOnSignal(L.Callback):
         trainer.strategy.barrier("mmt-requeue")
         if trainer.is_global_zero:
             preemption.requeue()
-            print(f"mmt: checkpoint {self.checkpoint_path} written at step {trainer.global_step}; job requeued",
-                  flush=True)
+            print(
+                f"mmt: checkpoint {self.checkpoint_path} written at step {trainer.global_step}; job requeued",
+                flush=True,
+            )
         time.sleep(1.0)  # let the controller register the requeue before any task exits
         raise preemption.Requeued(f"requeued at step {trainer.global_step}")
 
@@ -93,8 +95,11 @@ def _rng_state() -> dict:
 
     # plain lists and tensors only: Lightning loads checkpoints with torch.load(weights_only=True)
     kind, keys, position, has_gauss, cached = numpy.random.get_state()
-    return {"torch": torch.get_rng_state(), "python": random.getstate(),
-            "numpy": [kind, numpy.asarray(keys).tolist(), position, has_gauss, cached]}
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": [kind, numpy.asarray(keys).tolist(), position, has_gauss, cached],
+    }
 
 
 def _set_rng_state(state: dict) -> None:

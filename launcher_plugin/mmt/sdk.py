@@ -42,12 +42,29 @@ LIGHTNING_ONLY = {
 
 # Lightning's defaults for them: given explicitly, they ask for what mmt does anyway (a non-interruptible machine,
 # the command under sh -c, one run attempt, no credentials), so they are accepted, as None and empty values are
-LIGHTNING_DEFAULTS: Dict[str, Any] = {"interruptible": False, "cloud_account_auth": False, "reuse_snapshot": True,
-                                      "entrypoint": "sh -c", "max_run_attempts": 1}
+LIGHTNING_DEFAULTS: Dict[str, Any] = {
+    "interruptible": False,
+    "cloud_account_auth": False,
+    "reuse_snapshot": True,
+    "entrypoint": "sh -c",
+    "max_run_attempts": 1,
+}
 
 # what Job.run takes besides Lightning's parameters (for the message about an unknown one)
-_OWN = ("name", "machine", "command", "image", "env", "num_machines", "cluster", "devices", "command_mode",
-        "max_runtime", "env_from", "overrides")
+_OWN = (
+    "name",
+    "machine",
+    "command",
+    "image",
+    "env",
+    "num_machines",
+    "cluster",
+    "devices",
+    "command_mode",
+    "max_runtime",
+    "env_from",
+    "overrides",
+)
 
 
 def _means_nothing(key: str, value: Any) -> bool:
@@ -63,9 +80,11 @@ def _refuse_lightning_only(options: Dict[str, Any], where: str = "Job.run") -> N
             if _means_nothing(key, value):
                 continue
             raise ConfigError(key, value, "a Lightning AI parameter that mmt does not have", LIGHTNING_ONLY[key])
-        raise TypeError(f"{where}() got an unexpected keyword argument {key!r} (mmt's: {', '.join(_OWN)}; "
-                        f"Lightning's, each refused with mmt's equivalent unless given its default: "
-                        f"{', '.join(LIGHTNING_ONLY)})")
+        raise TypeError(
+            f"{where}() got an unexpected keyword argument {key!r} (mmt's: {', '.join(_OWN)}; "
+            f"Lightning's, each refused with mmt's equivalent unless given its default: "
+            f"{', '.join(LIGHTNING_ONLY)})"
+        )
 
 
 class Job(RegisteredJob):
@@ -74,12 +93,29 @@ class Job(RegisteredJob):
     # ------------------------------------------------------------------------------------------ submitting
 
     @classmethod
-    def run(cls, name: Optional[str] = None, machine: Union[str, "enum.Enum"] = "cpu", cloud: Optional[str] = None,
-            command: Optional[str] = None, studio: Any = None, image: Optional[str] = None, teamspace: Any = None,
-            org: Any = None, user: Any = None, env: Optional[Dict[str, str]] = None, interruptible: bool = False, *,
-            num_machines: int = 1, cluster: str = "local", devices: Optional[int] = None,
-            command_mode: str = "per_node", max_runtime: Union[None, int, float, str] = None,
-            env_from: Optional[List[str]] = None, overrides: Optional[List[str]] = None, **lightning: Any) -> "Job":
+    def run(
+        cls,
+        name: Optional[str] = None,
+        machine: Union[str, "enum.Enum"] = "cpu",
+        cloud: Optional[str] = None,
+        command: Optional[str] = None,
+        studio: Any = None,
+        image: Optional[str] = None,
+        teamspace: Any = None,
+        org: Any = None,
+        user: Any = None,
+        env: Optional[Dict[str, str]] = None,
+        interruptible: bool = False,
+        *,
+        num_machines: int = 1,
+        cluster: str = "local",
+        devices: Optional[int] = None,
+        command_mode: str = "per_node",
+        max_runtime: Union[None, int, float, str] = None,
+        env_from: Optional[List[str]] = None,
+        overrides: Optional[List[str]] = None,
+        **lightning: Any,
+    ) -> "Job":
         """Submit ``command`` on ``num_machines`` nodes of ``machine`` and return at once.
 
         The positional parameters are Lightning's, in Lightning's order (``Job.run(name, machine, cloud, command,
@@ -89,15 +125,34 @@ class Job(RegisteredJob):
         settings. Lightning's parameters that mean nothing here are accepted with their defaults (None,
         ``interruptible=False`` ...) and refused otherwise, each with mmt's equivalent.
         """
-        _refuse_lightning_only({"cloud": cloud, "studio": studio, "teamspace": teamspace, "org": org, "user": user,
-                                "interruptible": interruptible, **lightning}, f"{cls.__name__}.run")
+        _refuse_lightning_only(
+            {
+                "cloud": cloud,
+                "studio": studio,
+                "teamspace": teamspace,
+                "org": org,
+                "user": user,
+                "interruptible": interruptible,
+                **lightning,
+            },
+            f"{cls.__name__}.run",
+        )
         seconds = max_runtime_s("max_runtime", max_runtime) if max_runtime is not None else None
-        spec = RunSpec(command=command, name=name, num_machines=num_machines,  # type: ignore[arg-type]
-                       machine=str(machine.value if isinstance(machine, enum.Enum) else machine),
-                       image=image, env={k: str(v) for k, v in (env or {}).items()}, env_from=list(env_from or []),
-                       cluster=cluster, devices=devices, command_mode=command_mode,
-                       timeout_min=seconds / 60.0 if seconds is not None else None,
-                       overrides=list(overrides or []), detach=True)
+        spec = RunSpec(
+            command=command if command is not None else "",  # refused in one line when empty
+            name=name,
+            num_machines=num_machines,
+            machine=str(machine.value if isinstance(machine, enum.Enum) else machine),
+            image=image,
+            env={k: str(v) for k, v in (env or {}).items()},
+            env_from=list(env_from or []),
+            cluster=cluster,
+            devices=devices,
+            command_mode=command_mode,
+            timeout_min=seconds / 60.0 if seconds is not None else None,
+            overrides=list(overrides or []),
+            detach=True,
+        )
         submitted = run(spec)
         assert isinstance(submitted, list) and len(submitted) == 1  # detached: the one job submitted
         return cls(submitted[0].plan.name)
@@ -114,14 +169,43 @@ class MMT(Job):
     """Multi-machine training (Lightning's ``MMT``): a Job of at least two machines."""
 
     @classmethod
-    def run(cls, name: Optional[str] = None, num_machines: int = 2,  # type: ignore[override]
-            machine: Union[str, "enum.Enum"] = "cpu", cloud: Optional[str] = None, command: Optional[str] = None,
-            studio: Any = None, image: Optional[str] = None, teamspace: Any = None, org: Any = None, user: Any = None,
-            env: Optional[Dict[str, str]] = None, interruptible: bool = False, **options: Any) -> "Job":
+    def run(  # type: ignore[override]  # Lightning's MMT.run defaults to 2 machines
+        cls,
+        name: Optional[str] = None,
+        num_machines: int = 2,
+        machine: Union[str, "enum.Enum"] = "cpu",
+        cloud: Optional[str] = None,
+        command: Optional[str] = None,
+        studio: Any = None,
+        image: Optional[str] = None,
+        teamspace: Any = None,
+        org: Any = None,
+        user: Any = None,
+        env: Optional[Dict[str, str]] = None,
+        interruptible: bool = False,
+        **options: Any,
+    ) -> "Job":
         """Lightning's ``MMT.run``, its parameters in its order (``MMT.run(name, num_machines, machine, cloud,
         command, ...)``)."""
         if isinstance(num_machines, int) and not isinstance(num_machines, bool) and num_machines < 2:
-            raise ConfigError("num_machines", num_machines, "Multi-Machine training cannot be run with less than "
-                              "2 Machines", "use Job.run for one machine")
-        return Job.run(name, machine, cloud, command, studio, image, teamspace, org, user, env, interruptible,
-                       num_machines=num_machines, **options)
+            raise ConfigError(
+                "num_machines",
+                num_machines,
+                "Multi-Machine training cannot be run with less than 2 Machines",
+                "use Job.run for one machine",
+            )
+        return Job.run(
+            name,
+            machine,
+            cloud,
+            command,
+            studio,
+            image,
+            teamspace,
+            org,
+            user,
+            env,
+            interruptible,
+            num_machines=num_machines,
+            **options,
+        )

@@ -31,8 +31,18 @@ class TestSlurmBatchedSweeperConformance(BatchedSweeperTestSuite):
 
 @pytest.mark.parametrize(
     "task_launcher_cfg, extra_flags",
-    [({}, ["-m", "hydra/launcher=mmt_slurm", "hydra/hydra_logging=disabled", "hydra/job_logging=disabled",
-           "hydra.launcher.poll_interval_s=0.3"])],
+    [
+        (
+            {},
+            [
+                "-m",
+                "hydra/launcher=mmt_slurm",
+                "hydra/hydra_logging=disabled",
+                "hydra/job_logging=disabled",
+                "hydra.launcher.poll_interval_s=0.3",
+            ],
+        )
+    ],
 )
 class TestSlurmIntegrationConformance(IntegrationTestSuite):
     pass

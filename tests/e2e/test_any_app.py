@@ -57,15 +57,23 @@ class Run:
         return found
 
 
-def _run(script: Path, *overrides: str, sweep_dir: Path, env: Dict[str, str], timeout: float = 150,
-         multirun: bool = False) -> subprocess.CompletedProcess:
+def _run(
+    script: Path, *overrides: str, sweep_dir: Path, env: Dict[str, str], timeout: float = 150, multirun: bool = False
+) -> subprocess.CompletedProcess:
     """``python <script> [-m] <overrides>`` from the script's own dir, as its user would type it."""
     args = [PY, script.name, *(["-m"] if multirun else []), *overrides, f"hydra.sweep.dir={sweep_dir}"]
     return subprocess.run(args, cwd=script.parent, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _timed(script: Path, *overrides: str, sweep_dir: Path, env: Dict[str, str], tag: str, timeout: float = 150,
-           multirun: bool = False) -> Run:
+def _timed(
+    script: Path,
+    *overrides: str,
+    sweep_dir: Path,
+    env: Dict[str, str],
+    tag: str,
+    timeout: float = 150,
+    multirun: bool = False,
+) -> Run:
     started = time.monotonic()
     proc = _run(script, *overrides, sweep_dir=sweep_dir, env=env, timeout=timeout, multirun=multirun)
     seconds = time.monotonic() - started
@@ -107,8 +115,9 @@ def app_2x2(tmp_path_factory) -> Run:
     root = tmp_path_factory.mktemp("app_2x2")
     tag = uuid.uuid4().hex
     # no -m: the app's configs/launch/mmt.yaml sets hydra.mode=MULTIRUN, so the user's usual command goes through mmt
-    return _timed(APP / "train_app.py", "num_nodes=2", "devices=2", sweep_dir=root / "sweep",
-                  env=_with_srun(root, tag), tag=tag)
+    return _timed(
+        APP / "train_app.py", "num_nodes=2", "devices=2", sweep_dir=root / "sweep", env=_with_srun(root, tag), tag=tag
+    )
 
 
 def test_third_party_app_trains_2x2_as_a_world_of_4_and_its_rank_zero_only_code_runs_once(app_2x2):
@@ -137,9 +146,21 @@ def test_wrong_warnings_are_gone_from_a_lightning_job_and_the_users_own_stay(app
     # control: the same app without mmt (launch=plain: Hydra's launcher, one process), same PATH, same output dir
     # layout: Lightning prints both warnings, so their absence below is mmt's doing
     plain_dir = tmp_path / "plain"
-    plain = subprocess.run([PY, "train_app.py", "launch=plain", f"hydra.run.dir={plain_dir}", "trainer.max_steps=2",
-                            "trainer.val_check_interval=2"],
-                           cwd=APP, env=_with_srun(tmp_path, tag), capture_output=True, text=True, timeout=120)
+    plain = subprocess.run(
+        [
+            PY,
+            "train_app.py",
+            "launch=plain",
+            f"hydra.run.dir={plain_dir}",
+            "trainer.max_steps=2",
+            "trainer.val_check_interval=2",
+        ],
+        cwd=APP,
+        env=_with_srun(tmp_path, tag),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert plain.returncode == 0, plain.stderr[-3000:]
     plain_output = plain.stdout + plain.stderr
     assert SRUN_WARNING in plain_output and NOT_EMPTY_WARNING.search(plain_output), plain_output[-3000:]
@@ -150,8 +171,11 @@ def test_wrong_warnings_are_gone_from_a_lightning_job_and_the_users_own_stay(app
         assert _noise(text) == [], name
     # warnings mmt has no reason to silence (Lightning 2.6.6 prints a deprecation of its own here) still reach
     # rank 0's log: mmt filters those two messages, not warnings as such
-    others = {m.group(1) for line in plain_output.splitlines() if (m := WARNING_LINE.match(line))
-              and SRUN_WARNING not in line and not NOT_EMPTY_WARNING.search(line)}
+    others = {
+        m.group(1)
+        for line in plain_output.splitlines()
+        if (m := WARNING_LINE.match(line)) and SRUN_WARNING not in line and not NOT_EMPTY_WARNING.search(line)
+    }
     rank0 = (job_dirs(app_2x2.sweep_dir)[0] / "logs" / "node0.rank0.log").read_text()
     assert all(message in rank0 for message in others), (others, rank0[-3000:])
 
@@ -160,11 +184,22 @@ def test_command_mode_jobs_are_not_told_about_srun_either(tmp_path, tag):
     # The README's own command-mode example runs the Lightning guide's trainer.py per node; any Trainer built in a
     # command sees srun on PATH. mmt started that process and knows it is not a SLURM step, as for a recipe rank.
     script = tmp_path / "tiny_trainer.py"
-    script.write_text("import lightning as L\n"
-                      "trainer = L.Trainer(accelerator='cpu', logger=False, enable_checkpointing=False)\n"
-                      "print('TRAINER BUILT', trainer.num_nodes, trainer.num_devices)\n")
-    run = _timed(REPO / "train.py", "recipe=probe", "num_nodes=1", "devices=1", f"command='python {script}'",
-                 sweep_dir=tmp_path / "sweep", env=_with_srun(tmp_path, tag), tag=tag, multirun=True)
+    script.write_text(
+        "import lightning as L\n"
+        "trainer = L.Trainer(accelerator='cpu', logger=False, enable_checkpointing=False)\n"
+        "print('TRAINER BUILT', trainer.num_nodes, trainer.num_devices)\n"
+    )
+    run = _timed(
+        REPO / "train.py",
+        "recipe=probe",
+        "num_nodes=1",
+        "devices=1",
+        f"command='python {script}'",
+        sweep_dir=tmp_path / "sweep",
+        env=_with_srun(tmp_path, tag),
+        tag=tag,
+        multirun=True,
+    )
     assert run.proc.returncode == 0, run.output[-3000:]
     logs = run.job_logs()
     assert any("TRAINER BUILT 1 1" in text for text in logs.values()), logs
@@ -182,8 +217,18 @@ def test_app_selects_mmts_machine_catalogue_and_clusters_from_the_installed_pack
     # a dry run needs no SLURM: no srun/sbatch on PATH, no SLURM_CONF
     env = app_env(tag, PATH=str(tmp_path / "nothing-here"))
     env.pop("SLURM_CONF", None)
-    run = _timed(APP / "train_app.py", "machine=A100_X_8,workstation", "cluster=slurm", "num_nodes=2", "devices=8",
-                 "hydra.launcher.dry_run=true", sweep_dir=tmp_path / "sweep", env=env, tag=tag, timeout=90)
+    run = _timed(
+        APP / "train_app.py",
+        "machine=A100_X_8,workstation",
+        "cluster=slurm",
+        "num_nodes=2",
+        "devices=8",
+        "hydra.launcher.dry_run=true",
+        sweep_dir=tmp_path / "sweep",
+        env=env,
+        tag=tag,
+        timeout=90,
+    )
     assert run.proc.returncode == 0, run.output[-3000:]
     out = run.proc.stdout
     assert "mmt dry run: 2 job(s) on cluster=slurm; nothing is started" in out
@@ -201,14 +246,34 @@ def test_any_hydra_app_runs_with_mmt_from_the_command_line_alone(tmp_path, tag):
     # no launch file: the app as it was (launch=plain), mmt selected and the topology given on the command line.
     # Hydra refuses to sweep hydra.launcher.*, so the per-job values are new top-level keys (+num_nodes=1,2),
     # which the launcher's num_nodes/devices fields select by default (${oc.select:num_nodes,1}).
-    refused = _run(APP / "train_app.py", "launch=plain", "hydra/launcher=mmt_local", "hydra.launcher.num_nodes=1,2",
-                   sweep_dir=tmp_path / "refused", env=app_env(tag), timeout=60, multirun=True)
+    refused = _run(
+        APP / "train_app.py",
+        "launch=plain",
+        "hydra/launcher=mmt_local",
+        "hydra.launcher.num_nodes=1,2",
+        sweep_dir=tmp_path / "refused",
+        env=app_env(tag),
+        timeout=60,
+        multirun=True,
+    )
     assert refused.returncode != 0
     assert "Sweeping over Hydra's configuration is not supported : 'hydra.launcher.num_nodes=1,2'" in refused.stderr
-    run = _timed(APP / "train_app.py", "launch=plain", "hydra/launcher=mmt_local", "+num_nodes=1,2", "+devices=2",
-                 "trainer=ddp", "trainer.num_nodes=${num_nodes}", "trainer.devices=${devices}",
-                 "hydra.launcher.dry_run=true", sweep_dir=tmp_path / "sweep", env=app_env(tag), tag=tag,
-                 timeout=60, multirun=True)
+    run = _timed(
+        APP / "train_app.py",
+        "launch=plain",
+        "hydra/launcher=mmt_local",
+        "+num_nodes=1,2",
+        "+devices=2",
+        "trainer=ddp",
+        "trainer.num_nodes=${num_nodes}",
+        "trainer.devices=${devices}",
+        "hydra.launcher.dry_run=true",
+        sweep_dir=tmp_path / "sweep",
+        env=app_env(tag),
+        tag=tag,
+        timeout=60,
+        multirun=True,
+    )
     assert run.proc.returncode == 0, run.output[-3000:]
     assert "mmt dry run: 2 job(s) on cluster=local" in run.proc.stdout
     assert "1 nodes x 2 devices = 2 ranks" in run.proc.stdout and "2 nodes x 2 devices = 4 ranks" in run.proc.stdout
@@ -221,9 +286,18 @@ def test_an_apps_own_machine_file_overrides_the_catalogue_entry_in_any_spelling(
     shutil.copytree(APP, app, ignore=shutil.ignore_patterns("multirun", "outputs", "__pycache__"))
     (app / "configs" / "machine" / "h100_x_8.yaml").write_text(
         "name: h100_x_8\naccelerator: gpu\ngpu_type: H100\ngpus: 8\ncpus: 192\nmemory_gb: 2048\n"
-        "gpu_memory_gb: 80\nprice_per_hour: 1.5\nprice_source: our reserved-capacity contract\n")
-    run = _timed(app / "train_app.py", "machine=h100_x_8,H100_X_8", "devices=8", "hydra.launcher.dry_run=true",
-                 sweep_dir=tmp_path / "sweep", env=app_env(tag), tag=tag, timeout=60)
+        "gpu_memory_gb: 80\nprice_per_hour: 1.5\nprice_source: our reserved-capacity contract\n"
+    )
+    run = _timed(
+        app / "train_app.py",
+        "machine=h100_x_8,H100_X_8",
+        "devices=8",
+        "hydra.launcher.dry_run=true",
+        sweep_dir=tmp_path / "sweep",
+        env=app_env(tag),
+        tag=tag,
+        timeout=60,
+    )
     assert run.proc.returncode == 0, run.output[-3000:]
     job0, job1 = run.proc.stdout.split("\njob 1 (")
     assert "machine=h100_x_8 devices=8" in job0 and "$1.50/h per node" in job0, job0
@@ -235,10 +309,22 @@ def test_an_apps_own_machine_file_overrides_the_catalogue_entry_in_any_spelling(
 
 
 def test_optuna_studies_the_lm_recipe_over_lr_and_num_nodes(tmp_path, tag):
-    run = _timed(REPO / "train.py", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2",
-                 "hydra.sweeper.sampler.seed=1", "recipe.lr=interval(0.1,1.0)", "num_nodes=1,2", "devices=2",
-                 *SHORT_LM, sweep_dir=tmp_path / "sweep", env=_with_srun(tmp_path, tag), tag=tag, timeout=240,
-                 multirun=True)
+    run = _timed(
+        REPO / "train.py",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_jobs=2",
+        "hydra.sweeper.sampler.seed=1",
+        "recipe.lr=interval(0.1,1.0)",
+        "num_nodes=1,2",
+        "devices=2",
+        *SHORT_LM,
+        sweep_dir=tmp_path / "sweep",
+        env=_with_srun(tmp_path, tag),
+        tag=tag,
+        timeout=240,
+        multirun=True,
+    )
     assert run.proc.returncode == 0, run.output[-4000:]
     assert run.leftovers == []
     assert "float-castable" not in run.output and "Failed experiment" not in run.output
@@ -267,19 +353,34 @@ def study_with_an_invalid_trial(tmp_path_factory) -> Run:
     inside an objective function" and the sweep exits 1 (the grid's order is random)."""
     root = tmp_path_factory.mktemp("invalid_trial")
     tag = uuid.uuid4().hex
-    return _timed(REPO / "train.py", "hydra/sweeper=optuna", "hydra/sweeper/sampler=random",
-                  "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2",
-                  "hydra.sweeper.max_failure_rate=0.5", "num_nodes=choice(1,3)", "devices=2",
-                  "+optimized_metric=train_loss_last", *SHORT_LM, sweep_dir=root / "sweep", env=app_env(tag),
-                  tag=tag, timeout=180, multirun=True)
+    return _timed(
+        REPO / "train.py",
+        "hydra/sweeper=optuna",
+        "hydra/sweeper/sampler=random",
+        "hydra.sweeper.sampler.seed=0",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.n_jobs=2",
+        "hydra.sweeper.max_failure_rate=0.5",
+        "num_nodes=choice(1,3)",
+        "devices=2",
+        "+optimized_metric=train_loss_last",
+        *SHORT_LM,
+        sweep_dir=root / "sweep",
+        env=app_env(tag),
+        tag=tag,
+        timeout=180,
+        multirun=True,
+    )
 
 
 def test_an_invalid_trial_is_recorded_as_failed_and_the_study_goes_on(study_with_an_invalid_trial, tmp_path, tag):
     run = study_with_an_invalid_trial
     assert run.proc.returncode == 0, run.output[-4000:]
     assert run.leftovers == []
-    message = ("Invalid batch.global_size=64: must be divisible by the world size 6 (3 nodes x 2 devices) so "
-               "that every rank takes the same share of each optimizer step.")
+    message = (
+        "Invalid batch.global_size=64: must be divisible by the world size 6 (3 nodes x 2 devices) so "
+        "that every rank takes the same share of each optimizer step."
+    )
     started = re.findall(r"#\d+ \S+: num_nodes=(\d)", run.output)  # mmt's launch lines
     refused = re.findall(r"Error executing job with overrides: \['num_nodes=(\d)'", run.output)  # Hydra's
     proposed = started + refused
@@ -297,8 +398,14 @@ def test_an_invalid_trial_is_recorded_as_failed_and_the_study_goes_on(study_with
 
     # the basic sweeper's grid is known up front: the same invalid point refuses the whole sweep, nothing starts
     basic_dir = tmp_path / "basic"
-    basic = subprocess.run([PY, "train.py", "-m", "num_nodes=1,3", "devices=2", f"hydra.sweep.dir={basic_dir}"],
-                           cwd=REPO, env=app_env(tag), capture_output=True, text=True, timeout=60)
+    basic = subprocess.run(
+        [PY, "train.py", "-m", "num_nodes=1,3", "devices=2", f"hydra.sweep.dir={basic_dir}"],
+        cwd=REPO,
+        env=app_env(tag),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert basic.returncode != 0 and message in basic.stderr, basic.stdout[-2000:] + basic.stderr[-2000:]
     assert "Traceback" not in basic.stderr
     assert job_dirs(basic_dir) == []
@@ -324,15 +431,29 @@ def test_commands_run_with_the_launchers_python_and_torchrun_on_a_path_that_lack
     bare_path = "/usr/bin:/bin"
     venv_bin = os.path.dirname(os.path.abspath(PY))
     # the shell's PATH really lacks them: no torchrun, and no python with this environment's packages
-    probe = subprocess.run(["sh", "-c", "command -v torchrun || echo NO_TORCHRUN"], env={"PATH": bare_path},
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        ["sh", "-c", "command -v torchrun || echo NO_TORCHRUN"], env={"PATH": bare_path}, capture_output=True, text=True
+    )
     assert probe.stdout.strip() == "NO_TORCHRUN"
     env = app_env(tag, PATH=bare_path)
     env.pop("VIRTUAL_ENV", None)
-    command = ('python -c "import sys, omegaconf; print(sys.executable)" && echo VENV=$VIRTUAL_ENV '
-               '&& echo TORCHRUN_AT=$(command -v torchrun) && torchrun --help >/dev/null && echo TORCHRUN_OK')
-    run = _timed(REPO / "train.py", "recipe=probe", "num_nodes=2", "devices=1", "command_mode=per_rank,per_node",
-                 f"command='{command}'", sweep_dir=tmp_path / "sweep", env=env, tag=tag, timeout=120, multirun=True)
+    command = (
+        'python -c "import sys, omegaconf; print(sys.executable)" && echo VENV=$VIRTUAL_ENV '
+        "&& echo TORCHRUN_AT=$(command -v torchrun) && torchrun --help >/dev/null && echo TORCHRUN_OK"
+    )
+    run = _timed(
+        REPO / "train.py",
+        "recipe=probe",
+        "num_nodes=2",
+        "devices=1",
+        "command_mode=per_rank,per_node",
+        f"command='{command}'",
+        sweep_dir=tmp_path / "sweep",
+        env=env,
+        tag=tag,
+        timeout=120,
+        multirun=True,
+    )
     assert run.proc.returncode == 0, run.output[-4000:]
     assert run.leftovers == []
     assert [r["status"] for r in results(run.sweep_dir)] == ["COMPLETED", "COMPLETED"]
@@ -353,8 +474,17 @@ def test_an_unwired_trainer_topology_fails_fast_naming_both_worlds_and_the_fix(t
     # the trainer's own num_nodes (1) instead of ${num_nodes}: every rank asks torch.distributed for a world of 2
     # while mmt started 4 (node 1's ranks as ranks 2 and 3 of "2"); without mmt's guard the job would wait in
     # rendezvous or train a smaller world, up to the 2-minute limit set here. It must fail in seconds instead.
-    run = _timed(APP / "train_app.py", "num_nodes=2", "devices=2", "trainer.num_nodes=1",
-                 "hydra.launcher.timeout_min=2", sweep_dir=tmp_path / "sweep", env=app_env(tag), tag=tag, timeout=200)
+    run = _timed(
+        APP / "train_app.py",
+        "num_nodes=2",
+        "devices=2",
+        "trainer.num_nodes=1",
+        "hydra.launcher.timeout_min=2",
+        sweep_dir=tmp_path / "sweep",
+        env=app_env(tag),
+        tag=tag,
+        timeout=200,
+    )
     assert run.leftovers == []
     (result,) = results(run.sweep_dir)
     assert result["status"] == "FAILED", result
@@ -369,9 +499,14 @@ def test_an_unwired_trainer_topology_fails_fast_naming_both_worlds_and_the_fix(t
 def test_the_basic_sweeper_gets_the_value_as_it_is_whatever_optimized_metric_says(tmp_path, tag):
     # an app that names a key for optimising sweepers (the template convention) but returns no such key: the basic
     # sweeper needs no number, so its job is COMPLETED with its value unchanged, not FAILED for a missing key
-    done = subprocess.run([PY, "train.py", "-m", "recipe=probe", "+optimized_metric=no_such_key",
-                           f"hydra.sweep.dir={tmp_path}"], cwd=REPO, env=app_env(tag), capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [PY, "train.py", "-m", "recipe=probe", "+optimized_metric=no_such_key", f"hydra.sweep.dir={tmp_path}"],
+        cwd=REPO,
+        env=app_env(tag),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     [result] = results(tmp_path)
     assert result["status"] == "COMPLETED" and isinstance(result["return_value"], dict)

@@ -13,8 +13,10 @@ def test_a_refusal_reaches_the_console_as_one_line_and_nothing_starts(tmp_path, 
     # refused by the backend after the job was planned (cluster=local runs no container image)
     done = run_app("recipe=probe", "image=nvcr.io/nvidia/pytorch:24.05-py3", sweep_dir=tmp_path, tag=tag)
     assert done.returncode != 0
-    assert ("Invalid image='nvcr.io/nvidia/pytorch:24.05-py3': cluster=local runs every node in this host's Python "
-            "environment") in done.stderr, done.stderr
+    assert (
+        "Invalid image='nvcr.io/nvidia/pytorch:24.05-py3': cluster=local runs every node in this host's Python "
+        "environment"
+    ) in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, "a config error is a message, not a stack trace"
     assert job_dirs(tmp_path) == [], "no job may start"
 
@@ -43,5 +45,7 @@ def read_only_dir(tmp_path):
 def test_a_sweep_dir_that_cannot_be_created_is_one_line(read_only_dir, tag):
     done = run_app("recipe=probe", sweep_dir=read_only_dir / "sweep", tag=tag)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
-    assert (f"Invalid hydra.sweep.dir='{read_only_dir / 'sweep'}': the sweep dir cannot be created: {read_only_dir} "
-            "is not writable. HINT: choose a writable hydra.sweep.dir") in done.stderr, done.stderr
+    assert (
+        f"Invalid hydra.sweep.dir='{read_only_dir / 'sweep'}': the sweep dir cannot be created: {read_only_dir} "
+        "is not writable. HINT: choose a writable hydra.sweep.dir"
+    ) in done.stderr, done.stderr

@@ -38,8 +38,13 @@ def corpora(tmp_path_factory):
     off 2 x 2000 samples, so they need the larger corpus; Fabric iterates over all of it, so it gets the small one."""
     root = tmp_path_factory.mktemp("corpora")
     for name, extra, blocks in (("large", ["--min-blocks", "4101"], 4101), ("small", [], 1872)):
-        done = subprocess.run([PY, "-m", "recipes.corpus", str(root / name), *extra], cwd=REPO, capture_output=True,
-                              text=True, timeout=120)
+        done = subprocess.run(
+            [PY, "-m", "recipes.corpus", str(root / name), *extra],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0 and f": {blocks} blocks of 35 tokens" in done.stdout, done.stdout + done.stderr
     return {name: root / name / "wikitext-2.txt" for name in ("large", "small")}
 
@@ -63,9 +68,16 @@ def test_seed_trainer_script_runs_unchanged_per_node(tmp_path, tag, corpora):
     cwd = _workdir(tmp_path, corpora["large"])
     # PL_TRAINER_* only shortens the validation and test loops (Trainer defaults from the environment);
     # the topology comes from the launcher
-    done = run_app(f"command='cd {cwd} && {PY} {SEED / 'trainer.py'}'", "command_mode=per_node", "num_nodes=2",
-                   "devices=2", "+env.PL_TRAINER_LIMIT_VAL_BATCHES=2", "+env.PL_TRAINER_LIMIT_TEST_BATCHES=2",
-                   sweep_dir=tmp_path / "sweep", tag=tag)
+    done = run_app(
+        f"command='cd {cwd} && {PY} {SEED / 'trainer.py'}'",
+        "command_mode=per_node",
+        "num_nodes=2",
+        "devices=2",
+        "+env.PL_TRAINER_LIMIT_VAL_BATCHES=2",
+        "+env.PL_TRAINER_LIMIT_TEST_BATCHES=2",
+        sweep_dir=tmp_path / "sweep",
+        tag=tag,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     [job] = job_dirs(tmp_path / "sweep")
     assert sorted(p.name for p in (job / "logs").iterdir()) == ["node0.log", "node1.log"]  # one process per node
@@ -78,8 +90,13 @@ def test_seed_trainer_script_runs_unchanged_per_node(tmp_path, tag, corpora):
 
 def test_seed_fabric_script_runs_unchanged_per_node(tmp_path, tag, corpora):
     cwd = _workdir(tmp_path, corpora["small"])
-    done = run_app(f"command='cd {cwd} && {PY} {SEED / 'fabric.py'}'", "num_nodes=2", "devices=2",
-                   sweep_dir=tmp_path / "sweep", tag=tag)
+    done = run_app(
+        f"command='cd {cwd} && {PY} {SEED / 'fabric.py'}'",
+        "num_nodes=2",
+        "devices=2",
+        sweep_dir=tmp_path / "sweep",
+        tag=tag,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     [job] = job_dirs(tmp_path / "sweep")
     node0 = (job / "logs" / "node0.log").read_text()
@@ -91,8 +108,14 @@ def test_seed_fabric_script_runs_unchanged_per_node(tmp_path, tag, corpora):
 
 def test_seed_raw_pytorch_script_runs_unchanged_per_rank(tmp_path, tag, corpora):
     cwd = _workdir(tmp_path, corpora["large"])
-    done = run_app(f"command='cd {cwd} && {PY} {SEED / 'pytorch_ddp.py'}'", "command_mode=per_rank", "num_nodes=2",
-                   "devices=2", sweep_dir=tmp_path / "sweep", tag=tag)
+    done = run_app(
+        f"command='cd {cwd} && {PY} {SEED / 'pytorch_ddp.py'}'",
+        "command_mode=per_rank",
+        "num_nodes=2",
+        "devices=2",
+        sweep_dir=tmp_path / "sweep",
+        tag=tag,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     [job] = job_dirs(tmp_path / "sweep")
     assert len(list((job / "logs").glob("node*.rank*.log"))) == 4
@@ -107,10 +130,17 @@ def test_seed_raw_pytorch_script_runs_unchanged_per_rank(tmp_path, tag, corpora)
 def test_raw_pytorch_script_runs_per_node_under_torchrun(tmp_path, tag, corpora):
     # per node, the raw script's own fallback (mp.spawn, rank = local rank) cannot work; torchrun per node can
     cwd = _workdir(tmp_path, corpora["large"])
-    torchrun = (f"{PY} -m torch.distributed.run --nnodes=$NUM_NODES --nproc-per-node=$LOCAL_WORLD_SIZE "
-                "--node-rank=$NODE_RANK --master-addr=$MASTER_ADDR --master-port=$MASTER_PORT")
-    done = run_app(f"command='cd {cwd} && {torchrun} {SEED / 'pytorch_ddp.py'}'", "num_nodes=2", "devices=2",
-                   sweep_dir=tmp_path / "sweep", tag=tag)
+    torchrun = (
+        f"{PY} -m torch.distributed.run --nnodes=$NUM_NODES --nproc-per-node=$LOCAL_WORLD_SIZE "
+        "--node-rank=$NODE_RANK --master-addr=$MASTER_ADDR --master-port=$MASTER_PORT"
+    )
+    done = run_app(
+        f"command='cd {cwd} && {torchrun} {SEED / 'pytorch_ddp.py'}'",
+        "num_nodes=2",
+        "devices=2",
+        sweep_dir=tmp_path / "sweep",
+        tag=tag,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     [job] = job_dirs(tmp_path / "sweep")
     assert re.findall(r"epoch/it: (\d+/\d+),", _logs(job)) == ["0/0", "0/1", "1/0", "1/1"]
@@ -120,8 +150,14 @@ def test_raw_pytorch_script_runs_per_node_under_torchrun(tmp_path, tag, corpora)
 def test_command_environment_in_each_mode(mode, tmp_path, tag):
     script = tmp_path / "dump_env.py"
     script.write_text(DUMP_ENV)
-    done = run_app(f"command='{PY} {script}'", f"command_mode={mode}", "num_nodes=2", "devices=2",
-                   sweep_dir=tmp_path / "sweep", tag=tag)
+    done = run_app(
+        f"command='{PY} {script}'",
+        f"command_mode={mode}",
+        "num_nodes=2",
+        "devices=2",
+        sweep_dir=tmp_path / "sweep",
+        tag=tag,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     [job] = job_dirs(tmp_path / "sweep")
     envs = {p.name: json.loads(p.read_text()) for p in job.glob("env.*.json")}
@@ -132,16 +168,25 @@ def test_command_environment_in_each_mode(mode, tmp_path, tag):
     if mode == "per_node":  # the framework inside creates the ranks: no RANK/LOCAL_RANK to mislead it
         assert envs == {f"env.node{n}.json": {**common, "NODE_RANK": str(n)} for n in (0, 1)}
     else:
-        assert envs == {f"env.{r}.json": {**common, "NODE_RANK": str(r // 2), "RANK": str(r),
-                                          "LOCAL_RANK": str(r % 2)} for r in range(4)}
+        assert envs == {
+            f"env.{r}.json": {**common, "NODE_RANK": str(r // 2), "RANK": str(r), "LOCAL_RANK": str(r % 2)}
+            for r in range(4)
+        }
     # a command replaces the recipe: no batch plan, and nothing of it in the environment
-    assert "batch      (none: a command chooses its own batch size)" in run_app(
-        f"command='{PY} {script}'", "hydra.launcher.dry_run=true", sweep_dir=tmp_path / "dry").stdout
+    assert (
+        "batch      (none: a command chooses its own batch size)"
+        in run_app(f"command='{PY} {script}'", "hydra.launcher.dry_run=true", sweep_dir=tmp_path / "dry").stdout
+    )
 
 
 def test_a_failing_node_fails_the_job_and_stops_the_other(tmp_path, tag):
-    done = run_app("command='if [ $NODE_RANK = 1 ]; then exit 3; fi; sleep 60'", "num_nodes=2", "devices=2",
-                   sweep_dir=tmp_path, tag=tag)
+    done = run_app(
+        "command='if [ $NODE_RANK = 1 ]; then exit 3; fi; sleep 60'",
+        "num_nodes=2",
+        "devices=2",
+        sweep_dir=tmp_path,
+        tag=tag,
+    )
     assert done.returncode != 0
     [result] = results(tmp_path)
     assert result["status"] == "FAILED" and result["duration_s"] < 30
@@ -159,15 +204,20 @@ def test_processes_a_command_leaves_behind_are_stopped(tmp_path, tag):
     [job] = job_dirs(tmp_path)
     assert _logs(job).count("mmt: stopped 1 process(es) the command left running") == 2
 
-
     # the `tag` fixture fails the test if any process of it is still running
 
 
 def test_a_timed_out_command_takes_its_torchrun_workers_with_it(tmp_path, tag):
     # torchrun's workers run in sessions of their own; the job's time limit must still end all of them
     command = f"{PY} -m torch.distributed.run --nnodes=1 --nproc-per-node=2 --master-port=0 --no-python sleep 300"
-    done = run_app(f"command='{command}'", "num_nodes=2", "devices=2", "hydra.launcher.timeout_min=0.1",
-                   sweep_dir=tmp_path, tag=tag)
+    done = run_app(
+        f"command='{command}'",
+        "num_nodes=2",
+        "devices=2",
+        "hydra.launcher.timeout_min=0.1",
+        sweep_dir=tmp_path,
+        tag=tag,
+    )
     assert done.returncode != 0
     [result] = results(tmp_path)
     assert result["status"] == "TIMEOUT"

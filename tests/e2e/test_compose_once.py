@@ -42,9 +42,14 @@ def test_a_sweep_composes_each_job_once_and_every_job_gets_its_own_config(tmp_pa
     counter.write_text(COUNTING)
 
     def run(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(counter), str(app), "-m", "+x=1,2,3",
-                               f"hydra.sweep.dir={tmp_path / 'sweep'}", *extra], cwd=tmp_path, env=app_env(tag),
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, str(counter), str(app), "-m", "+x=1,2,3", f"hydra.sweep.dir={tmp_path / 'sweep'}", *extra],
+            cwd=tmp_path,
+            env=app_env(tag),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     basic = run()  # Hydra's basic launcher: checked by the sweeper, composed again to run
     assert basic.returncode == 0, basic.stderr[-2000:]

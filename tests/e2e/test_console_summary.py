@@ -35,7 +35,7 @@ def test_a_rerun_into_the_same_sweep_dir_shows_only_its_own_output_and_failure(t
     assert second.returncode != 0
     out = second.stdout
     assert "ProbeFault" not in out and "Traceback" not in out, out[-4000:]
-    tail = out[out.index("--- last lines of"):]
+    tail = out[out.index("--- last lines of") :]
     assert "probe: rank 1 injects fault 'exit'" in tail
     assert out.count("injects fault") == 1, out  # this run's one line, not the earlier run's too
     result = results(tmp_path)[0]
@@ -56,9 +56,14 @@ def test_a_rerun_into_the_same_sweep_dir_shows_only_its_own_output_and_failure(t
 
 def test_a_spawning_strategy_is_refused_when_the_job_is_planned(tmp_path, tag):
     started = time.monotonic()
-    done = subprocess.run([PY, "train_app.py", "num_nodes=1", "devices=2", "trainer.strategy=ddp_spawn",
-                           f"hydra.sweep.dir={tmp_path}"], cwd=THIRD_PARTY, env=app_env(tag), capture_output=True,
-                          text=True, timeout=200)
+    done = subprocess.run(
+        [PY, "train_app.py", "num_nodes=1", "devices=2", "trainer.strategy=ddp_spawn", f"hydra.sweep.dir={tmp_path}"],
+        cwd=THIRD_PARTY,
+        env=app_env(tag),
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     seconds = time.monotonic() - started
     assert done.returncode != 0
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -75,7 +80,7 @@ def test_a_spawning_strategy_is_refused_when_the_job_is_planned(tmp_path, tag):
 # model with BatchNorm (the template's SimpleDenseNet has BatchNorm1d layers) and a task that returns the number
 # under optimized_metric, as the template's train.py does
 TEMPLATE: Dict[str, str] = {
-    "train.py": '''import os
+    "train.py": """import os
 from pathlib import Path
 
 os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))  # what rootutils.setup_root does
@@ -97,8 +102,8 @@ def main(cfg: DictConfig):
 
 if __name__ == "__main__":
     main()
-''',
-    "bn_model.py": '''import lightning as L
+""",
+    "bn_model.py": """import lightning as L
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -136,9 +141,9 @@ class Data(L.LightningDataModule):
 
     def val_dataloader(self):
         return DataLoader(self.val_set, batch_size=self.batch_size)
-''',
+""",
     "configs/__init__.py": "",
-    "configs/train.yaml": '''# @package _global_
+    "configs/train.yaml": """# @package _global_
 defaults:
   - _self_
   - data: synthetic
@@ -153,14 +158,15 @@ defaults:
 
 task_name: "train"
 optimized_metric: "val/loss"
-''',
+""",
     "configs/data/synthetic.yaml": "_target_: bn_model.Data\nbatch_size: 16\n",
     "configs/model/dense.yaml": "_target_: bn_model.DenseNet\nlr: 0.05\n",
-    "configs/logger/csv.yaml": ("csv:\n  _target_: lightning.pytorch.loggers.csv_logs.CSVLogger\n"
-                                "  save_dir: ${paths.output_dir}\n"),
+    "configs/logger/csv.yaml": (
+        "csv:\n  _target_: lightning.pytorch.loggers.csv_logs.CSVLogger\n  save_dir: ${paths.output_dir}\n"
+    ),
     "configs/experiment/example.yaml": "# @package _global_\nseed: 12345\n",
     "configs/debug/default.yaml": "# @package _global_\ntrainer:\n  max_epochs: 1\n",
-    "configs/trainer/default.yaml": '''_target_: lightning.pytorch.trainer.Trainer
+    "configs/trainer/default.yaml": """_target_: lightning.pytorch.trainer.Trainer
 
 default_root_dir: ${paths.output_dir}
 
@@ -185,8 +191,8 @@ enable_progress_bar: False
 enable_model_summary: False
 enable_checkpointing: False
 logger: False
-''',
-    "configs/trainer/ddp.yaml": '''defaults:
+""",
+    "configs/trainer/ddp.yaml": """defaults:
   - default
 
 strategy: ddp
@@ -195,8 +201,8 @@ accelerator: gpu
 devices: 2
 num_nodes: 1
 sync_batchnorm: True
-''',
-    "configs/paths/default.yaml": '''# path to root directory
+""",
+    "configs/paths/default.yaml": """# path to root directory
 # this requires PROJECT_ROOT environment variable to exist
 # you can replace it with "." if you want the root to be the current working directory
 root_dir: ${oc.env:PROJECT_ROOT}
@@ -214,8 +220,8 @@ output_dir: ${hydra:runtime.output_dir}
 
 # path to working directory
 work_dir: ${hydra:runtime.cwd}
-''',
-    "configs/hydra/default.yaml": '''# output directory, generated dynamically on each run
+""",
+    "configs/hydra/default.yaml": """# output directory, generated dynamically on each run
 run:
   dir: ${paths.log_dir}/${task_name}/runs/${now:%Y-%m-%d}_${now:%H-%M-%S}
 sweep:
@@ -227,7 +233,7 @@ job_logging:
     file:
       # Incorporates fix from https://github.com/facebookresearch/hydra/pull/2242
       filename: ${hydra.runtime.output_dir}/${task_name}.log
-''',
+""",
 }
 
 
@@ -251,8 +257,14 @@ def test_the_own_app_guide_word_for_word_runs_a_lightning_hydra_template_app_on_
     assert defaults[-1] == "  - launch: mmt" and defaults[-2] == "  - debug: null"
 
     # the guide's command, on this CPU host (machine=cpu is the launch file's default)
-    done = subprocess.run([PY, "train.py", "num_nodes=1", "devices=2"], cwd=app, env=app_env(tag),
-                          capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [PY, "train.py", "num_nodes=1", "devices=2"],
+        cwd=app,
+        env=app_env(tag),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "SyncBatchNorm" not in done.stdout + done.stderr
     # where the template writes: logs/train/multiruns/<date>_<time>/<job>, not ./multirun/
@@ -283,22 +295,42 @@ def test_the_guides_launch_file_turns_sync_batchnorm_on_for_gpu_machines(tmp_pat
     with initialize_config_dir(config_dir=str(app / "configs"), job_name="train", version_base="1.3"):
         for machine in ("cpu", "A100_X_8", "cpu_x_4", "h100_x_8"):
             config = compose("train", overrides=[f"machine={machine}", "devices=2"])
-            trainers[machine] = {key: config.trainer[key] for key in
-                                 ("strategy", "accelerator", "devices", "num_nodes", "sync_batchnorm")}
+            trainers[machine] = {
+                key: config.trainer[key]
+                for key in ("strategy", "accelerator", "devices", "num_nodes", "sync_batchnorm")
+            }
     for machine in ("cpu", "cpu_x_4"):
-        assert trainers[machine] == {"strategy": "ddp", "accelerator": "cpu", "devices": 2, "num_nodes": 1,
-                                     "sync_batchnorm": False}, machine
+        assert trainers[machine] == {
+            "strategy": "ddp",
+            "accelerator": "cpu",
+            "devices": 2,
+            "num_nodes": 1,
+            "sync_batchnorm": False,
+        }, machine
     for machine in ("A100_X_8", "h100_x_8"):  # the template's own sync_batchnorm: True, on GPUs
-        assert trainers[machine] == {"strategy": "ddp", "accelerator": "gpu", "devices": 2, "num_nodes": 1,
-                                     "sync_batchnorm": True}, machine
+        assert trainers[machine] == {
+            "strategy": "ddp",
+            "accelerator": "gpu",
+            "devices": 2,
+            "num_nodes": 1,
+            "sync_batchnorm": True,
+        }, machine
 
 
 # ------------------------------------------------------------------------- the detached supervisor's own log
 
 
 def test_a_detached_supervisors_log_does_not_store_rank_output_again(tmp_path, tag):
-    done = run_app("recipe=probe", "num_nodes=1", "devices=1", "hydra.launcher.detach=true",
-                   f"hydra.launcher.name=quiet-{tag[:6]}", sweep_dir=tmp_path, tag=tag, timeout=120)
+    done = run_app(
+        "recipe=probe",
+        "num_nodes=1",
+        "devices=1",
+        "hydra.launcher.detach=true",
+        f"hydra.launcher.name=quiet-{tag[:6]}",
+        sweep_dir=tmp_path,
+        tag=tag,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     [log] = wait_until(lambda: list(tmp_path.glob("supervisor-*.log")), 30, "the supervisor's log")
     wait_until(lambda: "mmt summary" in log.read_text(), 120, "the supervisor's summary")

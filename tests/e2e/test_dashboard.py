@@ -28,9 +28,14 @@ def outputs(tmp_path) -> Path:
 @contextlib.contextmanager
 def dashboard(roots, tag):
     """``python -m mmt.dashboard ROOTS --port 0`` in a subprocess; yields the URL it prints."""
-    process = subprocess.Popen([sys.executable, "-m", "mmt.dashboard", *map(str, roots), "--port", "0"],
-                               cwd=REPO, env=app_env(tag), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mmt.dashboard", *map(str, roots), "--port", "0"],
+        cwd=REPO,
+        env=app_env(tag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines = []
         reader = threading.Thread(target=lambda: lines.append(process.stdout.readline()), daemon=True)
@@ -63,8 +68,13 @@ def test_the_command_serves_on_loopback_and_stops(outputs, tag):
         assert response.status_code == 200 and len(response.json()["sweeps"]) == 2
         # raw request lines, as a client that does not normalise paths sends them
         host, port = url.removeprefix("http://").rstrip("/").split(":")
-        for path in ("/static/../data.py", "/static/../../jobdir.py", "/static/%2e%2e/data.py",
-                     "/static/..%2f..%2fjobdir.py", "/api/jobs/..%2f..%2f"):
+        for path in (
+            "/static/../data.py",
+            "/static/../../jobdir.py",
+            "/static/%2e%2e/data.py",
+            "/static/..%2f..%2fjobdir.py",
+            "/api/jobs/..%2f..%2f",
+        ):
             with socket.create_connection((host, int(port)), timeout=5) as conn:
                 conn.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
                 reply = b"".join(iter(lambda: conn.recv(65536), b""))
@@ -106,8 +116,13 @@ def test_the_live_page_follows_a_running_2x2_job_and_shows_a_failure(tmp_path, t
     output = tmp_path / "job.out"
     job_output = output.open("w")
     with dashboard([runs], tag) as url, chromium(tmp_path, tag) as driver:
-        job = subprocess.Popen(app_command("num_nodes=2", "devices=2", sweep_dir=runs / "lm"), cwd=REPO,
-                               env=app_env(tag), stdout=job_output, stderr=subprocess.STDOUT)
+        job = subprocess.Popen(
+            app_command("num_nodes=2", "devices=2", sweep_dir=runs / "lm"),
+            cwd=REPO,
+            env=app_env(tag),
+            stdout=job_output,
+            stderr=subprocess.STDOUT,
+        )
         try:
             driver.get(url)
             driver.execute_script("window.__noReload = 1")  # gone if the page ever reloads
@@ -119,6 +134,7 @@ def test_the_live_page_follows_a_running_2x2_job_and_shows_a_failure(tmp_path, t
                 return driver.find_elements("css selector", row)
 
             wait_for("the job in the list", listed_or_ended, 120)
+
             def status():
                 return driver.find_element("css selector", f"{row} .status").text
 
@@ -137,8 +153,12 @@ def test_the_live_page_follows_a_running_2x2_job_and_shows_a_failure(tmp_path, t
                         seen_points[node] = points
                     elif node in seen_points and points > seen_points[node]:
                         grown_points.add(node)
-                if not shot and grown_points >= {"0", "1"} and min(counts["points"].values()) >= 8 \
-                        and counts["status"] == "RUNNING":
+                if (
+                    not shot
+                    and grown_points >= {"0", "1"}
+                    and min(counts["points"].values()) >= 8
+                    and counts["status"] == "RUNNING"
+                ):
                     driver.save_screenshot(str(tmp_path / "dashboard.png"))  # the live job page
                     shot = True
                 if job.poll() is not None:
@@ -158,8 +178,11 @@ def test_the_live_page_follows_a_running_2x2_job_and_shows_a_failure(tmp_path, t
             # the training curves chart: every step of metrics.csv drawn
             steps = len(data.training_curves(job_dir)["step"])
             curve_points = "return document.querySelector('.chart[data-kind=\"curve_loss\"]')?.dataset.points"
-            wait_for(f"{steps} points on the training curves",
-                     lambda: steps > 0 and driver.execute_script(curve_points) == str(steps), 20)
+            wait_for(
+                f"{steps} points on the training curves",
+                lambda: steps > 0 and driver.execute_script(curve_points) == str(steps),
+                20,
+            )
 
             # the rank filter: pick rank 2 (node 1); its lines replace rank 0's
             from selenium.webdriver.support.select import Select
@@ -174,25 +197,40 @@ def test_the_live_page_follows_a_running_2x2_job_and_shows_a_failure(tmp_path, t
 
             def rank2_shown() -> bool:
                 counts = dom_counts(driver)
-                return counts["log"] == "node1.rank2.log" and counts["lines"] > 0 \
+                return (
+                    counts["log"] == "node1.rank2.log"
+                    and counts["lines"] > 0
                     and rank2.endswith(driver.execute_script(shown_text))
+                )
 
             wait_for("rank 2's log on the page", rank2_shown, 20)
             shown = driver.execute_script(shown_text)
             assert shown.strip() and not rank0.endswith(shown), "the page still shows rank 0's lines"
 
             # a failing job in another sweep of the same DIR: its traceback on the page
-            failed = run_app("recipe=probe", "num_nodes=1", "devices=2", "recipe.fail_rank=1",
-                             sweep_dir=runs / "fail", tag=tag, timeout=120)
+            failed = run_app(
+                "recipe=probe",
+                "num_nodes=1",
+                "devices=2",
+                "recipe.fail_rank=1",
+                sweep_dir=runs / "fail",
+                tag=tag,
+                timeout=120,
+            )
             assert failed.returncode != 0
             failed_row = f'a.job[data-job="{data.opaque_id((runs / "fail" / "0").resolve())}"]'
             wait_for("the failed job", lambda: driver.find_elements("css selector", failed_row), 30)
             driver.find_element("css selector", failed_row).click()
             traceback = "return document.querySelector('#failure .traceback')?.textContent || ''"
-            wait_for("the traceback",
-                     lambda: "ProbeFault: injected failure on rank 1" in driver.execute_script(traceback), 30)
-            assert "rank 1 (node 0): ProbeFault: injected failure on rank 1" in \
-                driver.find_element("css selector", "#failure .what").text
+            wait_for(
+                "the traceback",
+                lambda: "ProbeFault: injected failure on rank 1" in driver.execute_script(traceback),
+                30,
+            )
+            assert (
+                "rank 1 (node 0): ProbeFault: injected failure on rank 1"
+                in driver.find_element("css selector", "#failure .what").text
+            )
             assert driver.find_element("css selector", f"{failed_row} .status").text == "FAILED"
             assert dom_counts(driver)["noReload"], "the page reloaded"
         finally:
@@ -205,7 +243,9 @@ def test_the_live_page_follows_a_running_2x2_job_and_shows_a_failure(tmp_path, t
                     job.wait()
             job_output.close()
     # last, so that the checks above still run where the node agent does not sample
-    assert metrics_files == ["node0.jsonl", "node1.jsonl"], \
+    assert metrics_files == ["node0.jsonl", "node1.jsonl"], (
         f"the 2 x 2 job left metrics files {metrics_files}: the node agent's sampler did not write both nodes"
-    assert grown_points >= {"0", "1"}, f"node charts did not gain points live: first {seen_points}, " \
-                                      f"grown {sorted(grown_points)}"
+    )
+    assert grown_points >= {"0", "1"}, (
+        f"node charts did not gain points live: first {seen_points}, grown {sorted(grown_points)}"
+    )

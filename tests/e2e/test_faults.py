@@ -38,8 +38,9 @@ def test_a_rank_that_raises_fails_the_job_with_its_exception_and_traceback(tmp_p
 
 
 def test_a_rank_that_exits_137_fails_the_job_naming_it(tmp_path, tag):
-    done = run_app(*PROBE_2X2, "recipe.fail_rank=1", "recipe.fail_mode=exit", "recipe.exit_code=137",
-                   sweep_dir=tmp_path, tag=tag)
+    done = run_app(
+        *PROBE_2X2, "recipe.fail_rank=1", "recipe.fail_mode=exit", "recipe.exit_code=137", sweep_dir=tmp_path, tag=tag
+    )
     assert done.returncode == 1
     failure = _failed(tmp_path)["failure"]
     assert (failure["rank"], failure["exit_code"], failure["exception"]) == (1, 137, None)
@@ -49,8 +50,15 @@ def test_a_rank_that_exits_137_fails_the_job_naming_it(tmp_path, tag):
 
 def test_a_rank_that_hangs_past_the_time_limit_is_named_and_stopped(tmp_path, tag):
     started = time.monotonic()
-    done = run_app(*PROBE_2X2, "recipe.fail_rank=3", "recipe.fail_mode=hang", "recipe.fail_at=end",
-                   "hydra.launcher.timeout_min=0.1", sweep_dir=tmp_path, tag=tag)
+    done = run_app(
+        *PROBE_2X2,
+        "recipe.fail_rank=3",
+        "recipe.fail_mode=hang",
+        "recipe.fail_at=end",
+        "hydra.launcher.timeout_min=0.1",
+        sweep_dir=tmp_path,
+        tag=tag,
+    )
     elapsed = time.monotonic() - started
     assert done.returncode == 1
     result = results(tmp_path)[0]
@@ -71,10 +79,23 @@ def test_one_failing_job_does_not_stop_the_other_jobs_of_the_sweep(tmp_path, tag
 
 def _start_holding_sweep(tmp_path, tag):
     """Two concurrent 2x2 jobs whose ranks stay alive for a minute; returns once all 8 ranks run."""
-    command = app_command(*PROBE_2X2[:1], "num_nodes=2", "devices=2,1", "recipe.hold_s=60",
-                          "hydra.launcher.max_parallel_ranks=8", sweep_dir=tmp_path)
-    launcher = subprocess.Popen(command, cwd=REPO, env=app_env(tag), preexec_fn=from_a_terminal,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = app_command(
+        *PROBE_2X2[:1],
+        "num_nodes=2",
+        "devices=2,1",
+        "recipe.hold_s=60",
+        "hydra.launcher.max_parallel_ranks=8",
+        sweep_dir=tmp_path,
+    )
+    launcher = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=app_env(tag),
+        preexec_fn=from_a_terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         # launcher + agent + 4 + 2 ranks

@@ -18,8 +18,7 @@ def _mmt(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def test_a_command_reaches_the_shell_byte_for_byte(tmp_path: Path) -> None:
     """Items 4 and 5: backslashes are not doubled, and ${VAR} is the shell's, not an OmegaConf interpolation."""
     command = r'''printf '[%s]' "a\b" "\$HOME" "${NODE_RANK}" "${UNSET_VAR:-dflt}" '\${x}' "it's"'''
-    done = _mmt("run", "--name", f"bytes-{tmp_path.name}", "--command", command,
-                "--set", f"hydra.sweep.dir={tmp_path}")
+    done = _mmt("run", "--name", f"bytes-{tmp_path.name}", "--command", command, "--set", f"hydra.sweep.dir={tmp_path}")
     assert done.returncode == 0, done.stdout + done.stderr
     log = (tmp_path / "0" / "logs" / "node0.log").read_text()
     assert log == r"[a\b][$HOME][0][dflt][\${x}][it's]", log
@@ -27,10 +26,23 @@ def test_a_command_reaches_the_shell_byte_for_byte(tmp_path: Path) -> None:
 
 def test_an_env_reference_in_a_command_is_never_resolved_by_the_launcher(tmp_path: Path) -> None:
     """Item 5: ${oc.env:SECRET} stays text: the launcher neither resolves nor records the secret."""
-    done = subprocess.run([*MMT, "run", "--name", f"secret-{tmp_path.name}", "--command",
-                           "echo 'literal ${oc.env:MMT_TEST_SECRET}'", "--set", f"hydra.sweep.dir={tmp_path}"],
-                          cwd=REPO, env=app_env(MMT_TEST_SECRET="hunter2-token"), capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [
+            *MMT,
+            "run",
+            "--name",
+            f"secret-{tmp_path.name}",
+            "--command",
+            "echo 'literal ${oc.env:MMT_TEST_SECRET}'",
+            "--set",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        env=app_env(MMT_TEST_SECRET="hunter2-token"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "hunter2-token" not in done.stdout + done.stderr
     assert "hunter2-token" not in (tmp_path / "0" / "result.json").read_text()

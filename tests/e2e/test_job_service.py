@@ -27,8 +27,9 @@ MMT = str(Path(sys.executable).with_name("mmt"))
 
 
 def mmt(*args: str, cwd: Path, tag=None, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([MMT, *args], cwd=cwd, env=app_env(tag, **env), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [MMT, *args], cwd=cwd, env=app_env(tag, **env), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _listed(cwd: Path, name: str) -> dict:
@@ -48,22 +49,29 @@ def _wait_status(cwd: Path, name: str, status: str, timeout_s: float = 90) -> di
 
 
 def test_the_sdk_runs_the_seed_example_on_two_machines(tmp_path, tag):
-    code = ("from mmt import MMT, Machine\n"
-            "job = MMT.run(command='echo Hello, Lightning!', name='echo-example', machine=Machine.CPU, num_machines=2)\n"
-            "print('STATUS', job.wait(timeout=120).value)\n"
-            "for machine in job.machines:\n"
-            "    print('MACHINE', machine.rank, machine.status.value, repr(machine.logs))\n"
-            "print('RESULT', job.result['exit_code'])\n")
-    done = subprocess.run([PY, "-c", code], cwd=tmp_path, env=app_env(tag), capture_output=True, text=True,
-                          timeout=180)
+    code = (
+        "from mmt import MMT, Machine\n"
+        "job = MMT.run(command='echo Hello, Lightning!', name='echo-example', machine=Machine.CPU, num_machines=2)\n"
+        "print('STATUS', job.wait(timeout=120).value)\n"
+        "for machine in job.machines:\n"
+        "    print('MACHINE', machine.rank, machine.status.value, repr(machine.logs))\n"
+        "print('RESULT', job.result['exit_code'])\n"
+    )
+    done = subprocess.run([PY, "-c", code], cwd=tmp_path, env=app_env(tag), capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "STATUS Completed" in done.stdout
     assert "MACHINE 0 Completed 'Hello, Lightning!\\n'" in done.stdout
     assert "MACHINE 1 Completed 'Hello, Lightning!\\n'" in done.stdout
     assert "RESULT 0" in done.stdout
     # another process finds it by name
-    again = subprocess.run([PY, "-c", "from mmt import Job; j = Job.get('echo-example'); print(j.status.value, j.dir)"],
-                           cwd=tmp_path, env=app_env(), capture_output=True, text=True, timeout=60)
+    again = subprocess.run(
+        [PY, "-c", "from mmt import Job; j = Job.get('echo-example'); print(j.status.value, j.dir)"],
+        cwd=tmp_path,
+        env=app_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert again.stdout.startswith("Completed ") and "outputs/mmt/echo-example/0" in again.stdout
 
 
@@ -72,17 +80,41 @@ def test_mmt_refuses_lightning_only_parameters_with_the_equivalent(tmp_path):
     assert done.returncode == 2 and "--teamspace is a Lightning AI flag that mmt does not have" in done.stderr
     code = "from mmt import Job\nJob.run(command='true', studio='s')\n"
     sdk = subprocess.run([PY, "-c", code], cwd=tmp_path, env=app_env(), capture_output=True, text=True, timeout=60)
-    assert "Invalid studio='s': a Lightning AI parameter that mmt does not have. HINT: mmt runs in this environment" \
+    assert (
+        "Invalid studio='s': a Lightning AI parameter that mmt does not have. HINT: mmt runs in this environment"
         in sdk.stderr
-    single = subprocess.run([PY, "-c", "from mmt import MMT\nMMT.run(command='true', num_machines=1)"], cwd=tmp_path,
-                            env=app_env(), capture_output=True, text=True, timeout=60)
+    )
+    single = subprocess.run(
+        [PY, "-c", "from mmt import MMT\nMMT.run(command='true', num_machines=1)"],
+        cwd=tmp_path,
+        env=app_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "Multi-Machine training cannot be run with less than 2 Machines" in single.stderr
 
 
 def test_the_cli_runs_lists_inspects_logs_and_waits(tmp_path, tag):
-    done = mmt("run", "--name", "cli-hello", "--num-machines", "2", "--devices", "2", "--command-mode", "per_rank",
-               "--machine", "CPU", "-e", "GREETING=hi $(not a subshell) 'q'", "--command", 'echo "$GREETING from $RANK"',
-               cwd=tmp_path, tag=tag)
+    done = mmt(
+        "run",
+        "--name",
+        "cli-hello",
+        "--num-machines",
+        "2",
+        "--devices",
+        "2",
+        "--command-mode",
+        "per_rank",
+        "--machine",
+        "CPU",
+        "-e",
+        "GREETING=hi $(not a subshell) 'q'",
+        "--command",
+        'echo "$GREETING from $RANK"',
+        cwd=tmp_path,
+        tag=tag,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "[#0 n0 r0] hi $(not a subshell) 'q' from 0" in done.stdout and "COMPLETED" in done.stdout
     assert "hi $(not a subshell)" not in done.stdout.split("mmt summary")[1]  # values are not shown again
@@ -93,18 +125,40 @@ def test_the_cli_runs_lists_inspects_logs_and_waits(tmp_path, tag):
     inspect = json.loads(mmt("inspect", "cli-hello", "--json", cwd=tmp_path).stdout)
     assert inspect["status"] == "Completed" and [m["status"] for m in inspect["machines"]] == ["Completed"] * 2
     assert mmt("wait", "cli-hello", cwd=tmp_path).returncode == 0  # an ended job: at once, with its status
-    dry = mmt("run", "--num-machines", "4", "--machine", "a100_x_8", "--cluster", "slurm", "--command", "true",
-              "--dry-run", cwd=tmp_path)
+    dry = mmt(
+        "run",
+        "--num-machines",
+        "4",
+        "--machine",
+        "a100_x_8",
+        "--cluster",
+        "slurm",
+        "--command",
+        "true",
+        "--dry-run",
+        cwd=tmp_path,
+    )
     assert dry.returncode == 0 and "topology   4 nodes x 8 devices = 32 ranks" in dry.stdout
     assert "#SBATCH --nodes=4" in dry.stdout
 
 
 def test_a_detached_local_job_survives_its_terminal_and_can_be_stopped(tmp_path, tag):
     # a terminal's session: a shell that runs the launcher and stays; its hangup is the terminal closing
-    session = subprocess.Popen(["bash", "-c", f"{MMT} run --name survivor --num-machines 2 --detach --command "
-                                "'sleep 4; echo done-after-the-hangup'; echo LAUNCHER-RETURNED; sleep 120"],
-                               cwd=tmp_path, env=app_env(tag), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True, preexec_fn=from_a_terminal)
+    session = subprocess.Popen(
+        [
+            "bash",
+            "-c",
+            f"{MMT} run --name survivor --num-machines 2 --detach --command "
+            "'sleep 4; echo done-after-the-hangup'; echo LAUNCHER-RETURNED; sleep 120",
+        ],
+        cwd=tmp_path,
+        env=app_env(tag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=from_a_terminal,
+    )
     started = time.monotonic()
     lines = []
     while "LAUNCHER-RETURNED" not in "".join(lines):
@@ -120,8 +174,14 @@ def test_a_detached_local_job_survives_its_terminal_and_can_be_stopped(tmp_path,
     assert _listed(tmp_path, "survivor")["status"] == "Completed"
     assert "done-after-the-hangup" in mmt("logs", "survivor", "--rank", "1", cwd=tmp_path).stdout
 
-    stopping = subprocess.run([MMT, "run", "--name", "stoppable", "--detach", "--command", "sleep 120"], cwd=tmp_path,
-                              env=app_env(tag), capture_output=True, text=True, timeout=60)
+    stopping = subprocess.run(
+        [MMT, "run", "--name", "stoppable", "--detach", "--command", "sleep 120"],
+        cwd=tmp_path,
+        env=app_env(tag),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert stopping.returncode == 0, stopping.stderr
     _wait_status(tmp_path, "stoppable", "Running")
     assert "asked its supervisor" in mmt("stop", "stoppable", cwd=tmp_path).stdout
@@ -152,22 +212,50 @@ for ret in batch:
 
 
 def test_a_detached_sweep_returns_handles_and_concludes_itself(tmp_path, tag):
-    done = subprocess.run([PY, "-c", SWEEP_VALUES, str(REPO / "conf"), "recipe=probe", "num_nodes=1,2", "devices=2",
-                           "hydra.launcher.detach=true", f"hydra.launcher.name=detached-{tag[:6]}",
-                           f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=REPO, env=app_env(tag), capture_output=True,
-                          text=True, timeout=240)
+    done = subprocess.run(
+        [
+            PY,
+            "-c",
+            SWEEP_VALUES,
+            str(REPO / "conf"),
+            "recipe=probe",
+            "num_nodes=1,2",
+            "devices=2",
+            "hydra.launcher.detach=true",
+            f"hydra.launcher.name=detached-{tag[:6]}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        cwd=REPO,
+        env=app_env(tag),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "each job's value is a handle (mmt.Job)" in done.stdout
     values = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert values == [{"status": "COMPLETED", "handle": True, "name": f"detached-{tag[:6]}-{num}",
-                       "waited": "Completed", "ranks": 2 * (num + 1)} for num in (0, 1)]
+    assert values == [
+        {
+            "status": "COMPLETED",
+            "handle": True,
+            "name": f"detached-{tag[:6]}-{num}",
+            "waited": "Completed",
+            "ranks": 2 * (num + 1),
+        }
+        for num in (0, 1)
+    ]
     assert [r["status"] for r in results(tmp_path / "sweep")] == ["COMPLETED", "COMPLETED"]
     assert wait_gone(tag, timeout_s=10) == []
 
 
 def test_a_sweeper_that_needs_values_cannot_detach(tmp_path):
-    done = run_app("hydra/sweeper=optuna", "hydra.sweeper.n_trials=1", "recipe=probe", "hydra.launcher.detach=true",
-                   sweep_dir=tmp_path)
+    done = run_app(
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=1",
+        "recipe=probe",
+        "hydra.launcher.detach=true",
+        sweep_dir=tmp_path,
+    )
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "decides its next trials from the jobs' return values" in done.stderr
 
@@ -179,7 +267,8 @@ def test_a_sweeper_that_needs_values_cannot_detach(tmp_path):
 FORKED_LAUNCHERS = """
 import json, multiprocessing, os, sqlite3, sys, time
 from pathlib import Path
-import hydra, mmt.launching.prepare, hydra_plugins.mmt_launcher._core, mmt.service.submit  # what `mmt run` imports, once, before the fork
+# what `mmt run` imports, once, before the fork
+import hydra, mmt.launching.prepare, hydra_plugins.mmt_launcher._core, mmt.service.submit
 from mmt.cli.main import main
 from mmt.records.registry import Registry
 
@@ -210,26 +299,42 @@ print(json.dumps({"codes": [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for
 """
 
 
-def test_eight_launchers_released_together_all_register_and_a_killed_writer_leaves_the_registry_readable(
-        tmp_path, tag):
+def test_eight_launchers_released_together_all_register_and_a_killed_writer_leaves_the_registry_readable(tmp_path, tag):
     names = [f"twin-{tag[:6]}-{i}" for i in range(8)]
     notes = tmp_path / "released"
     notes.mkdir()
-    done = subprocess.run([PY, "-c", FORKED_LAUNCHERS, str(notes), *names], cwd=tmp_path, env=app_env(tag),
-                          capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0 and json.loads(done.stdout.splitlines()[-1]) == {"codes": [0] * 8}, \
+    done = subprocess.run(
+        [PY, "-c", FORKED_LAUNCHERS, str(notes), *names],
+        cwd=tmp_path,
+        env=app_env(tag),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0 and json.loads(done.stdout.splitlines()[-1]) == {"codes": [0] * 8}, (
         done.stdout[-3000:] + done.stderr[-3000:]
+    )
     released = [float((notes / name).read_text()) for name in names]
     assert max(released) - min(released) < 0.5  # they wrote at once, not one by one
     rows = {row["name"]: row for row in json.loads(mmt("list", "--json", cwd=tmp_path).stdout)}
     assert [rows[name]["status"] for name in names] == ["Completed"] * 8
     # a writer killed in the middle of a transaction (what a launcher killed mid-submit does)
-    writer = subprocess.Popen([PY, "-c", (
-        "import sqlite3, sys, time\nfrom mmt.records.registry import Registry\n"
-        "db = sqlite3.connect(Registry().path, isolation_level=None)\ndb.execute('BEGIN IMMEDIATE')\n"
-        "db.execute(\"UPDATE jobs SET state = 'CORRUPT' WHERE name = ?\", (sys.argv[1],))\n"
-        "print('in the middle', flush=True)\ntime.sleep(60)\n"), names[0]], env=app_env(tag),
-        stdout=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        [
+            PY,
+            "-c",
+            (
+                "import sqlite3, sys, time\nfrom mmt.records.registry import Registry\n"
+                "db = sqlite3.connect(Registry().path, isolation_level=None)\ndb.execute('BEGIN IMMEDIATE')\n"
+                "db.execute(\"UPDATE jobs SET state = 'CORRUPT' WHERE name = ?\", (sys.argv[1],))\n"
+                "print('in the middle', flush=True)\ntime.sleep(60)\n"
+            ),
+            names[0],
+        ],
+        env=app_env(tag),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert writer.stdout.readline().strip() == "in the middle"
     writer.kill()
     writer.wait()
@@ -242,8 +347,11 @@ def test_eight_launchers_released_together_all_register_and_a_killed_writer_leav
 
 def test_a_local_launcher_killed_mid_submit_leaves_no_job_pending(tmp_path, tag):
     prefix = f"cut-{tag[:6]}"
-    killed_at_submit(app_command("recipe=probe", "devices=1", "+x=range(0,4)", f"hydra.launcher.name={prefix}",
-                                 sweep_dir=tmp_path), 1, tag)
+    killed_at_submit(
+        app_command("recipe=probe", "devices=1", "+x=range(0,4)", f"hydra.launcher.name={prefix}", sweep_dir=tmp_path),
+        1,
+        tag,
+    )
     records = registered(prefix)
     assert len(records) == 4 and {r["state"] for r in records.values()} <= {"PENDING", "RUNNING"}, records
     listed = mmt("list", "--json", cwd=tmp_path)
@@ -307,12 +415,24 @@ def _table_row(table: str, name: str) -> List[str]:
 def test_the_cli_and_sdk_follow_tail_list_inspect_wait_stop_and_pass_env(tmp_path, tag):
     followed, stopped, secret = f"follow-{tag[:6]}", f"stop-{tag[:6]}", f"pass-{tag}"
     gate = tmp_path / "gate"
-    sdk = subprocess.Popen([PY, "-c", SDK_WALKTHROUGH, followed, stopped, str(gate), secret], cwd=tmp_path,
-                           env=app_env(tag), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sdk = subprocess.Popen(
+        [PY, "-c", SDK_WALKTHROUGH, followed, stopped, str(gate), secret],
+        cwd=tmp_path,
+        env=app_env(tag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     said = [sdk.stdout.readline(), sdk.stdout.readline()]
     assert said == [f"TIMEOUT job {followed} is still Running after 0.1 s\n", "RUNNING\n"], said + [sdk.stderr.read()]
-    follower = subprocess.Popen([MMT, "logs", followed, "-f"], cwd=tmp_path, env=app_env(tag),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    follower = subprocess.Popen(
+        [MMT, "logs", followed, "-f"],
+        cwd=tmp_path,
+        env=app_env(tag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert follower.stdout.readline() == "first\n"
     assert _listed(tmp_path, followed)["status"] == "Running"  # it follows a running job
     gate.touch()
@@ -349,8 +469,11 @@ def test_the_cli_and_sdk_follow_tail_list_inspect_wait_stop_and_pass_env(tmp_pat
 
     shown = out + err + table + "\n".join(inspected) + mmt("inspect", followed, "--json", cwd=tmp_path).stdout
     assert secret not in shown  # mmt never prints the value
-    kept = [path for path in [*tmp_path.rglob("*"), *Registry().path.parent.glob("registry.sqlite*")]
-            if path.is_file() and secret.encode() in path.read_bytes()]
+    kept = [
+        path
+        for path in [*tmp_path.rglob("*"), *Registry().path.parent.glob("registry.sqlite*")]
+        if path.is_file() and secret.encode() in path.read_bytes()
+    ]
     assert kept == []  # nor leaves it in a file
     assert wait_gone(tag, timeout_s=10) == []
 
@@ -371,8 +494,9 @@ print("APIECE", job.status.value, [m.status.value for m in job.machines], flush=
 open("{gate}", "w").close()
 print("ENDED", job.wait(timeout=60).value, [m.status.value for m in job.machines], flush=True)
 """
-    done = subprocess.run([PY, "-c", script], cwd=tmp_path, env=app_env(tag), capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [PY, "-c", script], cwd=tmp_path, env=app_env(tag), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "APIECE Running ['Running', 'Completed']" in done.stdout
     assert "ENDED Completed ['Completed', 'Completed']" in done.stdout

@@ -34,8 +34,18 @@ def test_lm_two_by_two_trains_one_model_and_the_loss_goes_down(tmp_path, tag):
 def test_recipe_refuses_a_trainer_world_that_differs_from_the_launchers(tmp_path):
     # a corrupt contract: 2 processes per node on 1 node, but WORLD_SIZE says 4. Lightning would train a world of
     # 2 and exit 0; the recipe must refuse before training.
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29999", NODE_RANK="0", LOCAL_RANK="0", RANK="0",
-               WORLD_SIZE="4", LOCAL_WORLD_SIZE="2", NUM_NODES="1", MMT_JOB_DIR=str(tmp_path))
+    env = dict(
+        os.environ,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="29999",
+        NODE_RANK="0",
+        LOCAL_RANK="0",
+        RANK="0",
+        WORLD_SIZE="4",
+        LOCAL_WORLD_SIZE="2",
+        NUM_NODES="1",
+        MMT_JOB_DIR=str(tmp_path),
+    )
     code = (
         "from recipes.lm import train\n"
         f"train(seed=1, accelerator='cpu', data_dir={str(tmp_path / 'data')!r}, block_size=35, val_fraction=0.05,"
@@ -85,9 +95,14 @@ torch.distributed.destroy_process_group()  # the Trainer leaves it open; gloo ca
 def _resume_launch(tmp_path, tag, name, stop_after):
     script = tmp_path / "resume_script.py"
     script.write_text(_RESUME_SCRIPT.format(repo=str(REPO), data=str(REPO / "data")))
-    done = run_app("num_nodes=2", "devices=2", "command_mode=per_rank",
-                   f"command='{sys.executable} {script} {tmp_path / name} {stop_after}'",
-                   sweep_dir=tmp_path / f"sweep-{name}-{stop_after}", tag=tag)
+    done = run_app(
+        "num_nodes=2",
+        "devices=2",
+        "command_mode=per_rank",
+        f"command='{sys.executable} {script} {tmp_path / name} {stop_after}'",
+        sweep_dir=tmp_path / f"sweep-{name}-{stop_after}",
+        tag=tag,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done.stdout
 

@@ -26,8 +26,15 @@ MMT = str(Path(sys.executable).with_name("mmt"))
 
 
 def mmt(*args: str, cwd: Path, tag=None, timeout: float = 120, umask=None) -> subprocess.CompletedProcess:
-    return subprocess.run([MMT, *args], cwd=cwd, env=app_env(tag), capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=None if umask is None else (lambda: os.umask(umask)))
+    return subprocess.run(
+        [MMT, *args],
+        cwd=cwd,
+        env=app_env(tag),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=None if umask is None else (lambda: os.umask(umask)),
+    )
 
 
 def _status(cwd: Path, name: str) -> dict:
@@ -67,23 +74,43 @@ def _mode(path: Path) -> int:
 def _detach(path: str, name: str, tmp_path: Path, tag: str, umask: int) -> Path:
     """Launch ``sleep 3`` detached through ``path`` under ``umask``; returns its job dir once the launcher returned."""
     if path == "cli":
-        command, cwd, job_dir = [MMT, "run", "--name", name, "--detach", "--command", "sleep 3"], tmp_path, \
-            tmp_path / "outputs" / "mmt" / name / "0"
+        command, cwd, job_dir = (
+            [MMT, "run", "--name", name, "--detach", "--command", "sleep 3"],
+            tmp_path,
+            tmp_path / "outputs" / "mmt" / name / "0",
+        )
     elif path == "sdk":
-        command, cwd, job_dir = [PY, "-c", f"from mmt import Job\nJob.run(command='sleep 3', name={name!r})"], \
-            tmp_path, tmp_path / "outputs" / "mmt" / name / "0"
+        command, cwd, job_dir = (
+            [PY, "-c", f"from mmt import Job\nJob.run(command='sleep 3', name={name!r})"],
+            tmp_path,
+            tmp_path / "outputs" / "mmt" / name / "0",
+        )
     else:  # hydra.launcher.detach=true; the job's name gets its number
-        command = app_command("hydra.launcher.detach=true", "command='sleep 3'", f"hydra.launcher.name={name[:-2]}",
-                              sweep_dir=tmp_path / "sweep")
+        command = app_command(
+            "hydra.launcher.detach=true",
+            "command='sleep 3'",
+            f"hydra.launcher.name={name[:-2]}",
+            sweep_dir=tmp_path / "sweep",
+        )
         cwd, job_dir = REPO, tmp_path / "sweep" / "0"
-    done = subprocess.run(command, cwd=cwd, env=app_env(tag), capture_output=True, text=True, timeout=120,
-                          preexec_fn=lambda: os.umask(umask))
+    done = subprocess.run(
+        command,
+        cwd=cwd,
+        env=app_env(tag),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.umask(umask),
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return job_dir
 
 
-@pytest.mark.parametrize("path, umask", [("cli", 0o002), ("sdk", 0o002), ("hydra", 0o002), ("cli", 0o000)],
-                         ids=["mmt-run-002", "job-run-002", "hydra-detach-002", "mmt-run-000"])
+@pytest.mark.parametrize(
+    "path, umask",
+    [("cli", 0o002), ("sdk", 0o002), ("hydra", 0o002), ("cli", 0o000)],
+    ids=["mmt-run-002", "job-run-002", "hydra-detach-002", "mmt-run-000"],
+)
 def test_every_detach_path_runs_under_a_umask_that_makes_the_sweep_dir_writable_by_others(path, umask, tmp_path, tag):
     name = f"umask-{path}-{tag[:6]}-0"
     job_dir = _detach(path, name, tmp_path, tag, umask)
@@ -113,10 +140,26 @@ def test_a_job_that_deletes_its_own_dir_runs_on_and_can_still_be_stopped(tmp_pat
     # rank 0 deletes the dir once every rank runs its command (before, a rank still starting would need its payload)
     ready = tmp_path / "ready"
     ready.mkdir()
-    command = (f'touch {ready}/$RANK; if [ "$RANK" = 0 ]; then while [ "$(ls {ready} | wc -l)" -lt 4 ]; do sleep 0.1; '
-               'done; rm -rf "$MMT_JOB_DIR"; fi; sleep 120')
-    started = mmt("run", "--name", name, "--num-machines", "2", "--devices", "2", "--command-mode", "per_rank",
-                  "--detach", "--command", command, cwd=tmp_path, tag=tag)
+    command = (
+        f'touch {ready}/$RANK; if [ "$RANK" = 0 ]; then while [ "$(ls {ready} | wc -l)" -lt 4 ]; do sleep 0.1; '
+        'done; rm -rf "$MMT_JOB_DIR"; fi; sleep 120'
+    )
+    started = mmt(
+        "run",
+        "--name",
+        name,
+        "--num-machines",
+        "2",
+        "--devices",
+        "2",
+        "--command-mode",
+        "per_rank",
+        "--detach",
+        "--command",
+        command,
+        cwd=tmp_path,
+        tag=tag,
+    )
     assert started.returncode == 0, started.stderr[-3000:]
     job_dir = tmp_path / "outputs" / "mmt" / name / "0"
     # its 4 ranks (each a shell and its sleep) run on, their job dir gone: lock, owner.json, attempt dir and all
@@ -139,8 +182,9 @@ def test_a_job_that_deletes_its_own_dir_runs_on_and_can_still_be_stopped(tmp_pat
 
 def test_a_killed_supervisors_job_is_failed_in_its_job_dir_and_on_the_live_page(tmp_path, tag):
     name = f"orphaned-{tag[:6]}"
-    started = mmt("run", "--name", name, "--num-machines", "2", "--detach", "--command", "sleep 120", cwd=tmp_path,
-                  tag=tag)
+    started = mmt(
+        "run", "--name", name, "--num-machines", "2", "--detach", "--command", "sleep 120", cwd=tmp_path, tag=tag
+    )
     assert started.returncode == 0, started.stderr[-3000:]
     root = tmp_path / "outputs" / "mmt" / name / "0"
     _wait_status(tmp_path, name, "Running")
@@ -191,11 +235,17 @@ def test_of_two_launches_into_one_sweep_dir_the_refused_one_writes_nothing(tmp_p
     wrapper.write_text(PAUSED_AT_LAUNCH)
 
     def start(who: str) -> subprocess.Popen:
-        command = app_command("command_mode=per_rank", f"command='echo {who}-ran'", f"hydra.launcher.name=race-{who}",
-                              sweep_dir=sweep)
-        return subprocess.Popen([PY, str(wrapper), str(tmp_path / f"{who}.ready"), str(tmp_path / f"{who}.go"),
-                                 *command[1:]], cwd=REPO, env=app_env(tag), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        command = app_command(
+            "command_mode=per_rank", f"command='echo {who}-ran'", f"hydra.launcher.name=race-{who}", sweep_dir=sweep
+        )
+        return subprocess.Popen(
+            [PY, str(wrapper), str(tmp_path / f"{who}.ready"), str(tmp_path / f"{who}.go"), *command[1:]],
+            cwd=REPO,
+            env=app_env(tag),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     first = start("first")
     wait_until(lambda: (tmp_path / "first.ready").exists() or first.poll() is not None, 60, "the first launch")
@@ -240,20 +290,35 @@ def test_a_log_symlink_planted_in_the_job_dir_is_never_written_through(tmp_path,
 
 def test_a_process_that_drops_its_tag_and_calls_setsid_goes_with_its_killed_rank_wrapper(tmp_path, tag):
     escaper = "setsid env -u MMT_JOB_ID sleep 300 & sleep 300"
-    launcher = subprocess.Popen(app_command("num_nodes=1", "devices=2", "command_mode=per_rank",
-                                            f"command='{escaper}'", sweep_dir=tmp_path), cwd=REPO, env=app_env(tag),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        app_command("num_nodes=1", "devices=2", "command_mode=per_rank", f"command='{escaper}'", sweep_dir=tmp_path),
+        cwd=REPO,
+        env=app_env(tag),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     def untagged() -> list:
-        return [pid for pid in _commands(tag, "sleep 300") if b"MMT_JOB_ID=" not in Path(f"/proc/{pid}/environ")
-                .read_bytes() and Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00300\x00"]
+        return [
+            pid
+            for pid in _commands(tag, "sleep 300")
+            if b"MMT_JOB_ID=" not in Path(f"/proc/{pid}/environ").read_bytes()
+            and Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00300\x00"
+        ]
 
-    strays = wait_until(lambda: (lambda found: found if len(found) >= 2 else None)(untagged()), 60,
-                        "each rank's setsid'd, untagged sleep")
+    strays = wait_until(
+        lambda: (lambda found: found if len(found) >= 2 else None)(untagged()),
+        60,
+        "each rank's setsid'd, untagged sleep",
+    )
     assert all(os.getsid(pid) == pid for pid in strays)  # a session of its own, no MMT_JOB_ID: only its ancestry
     time.sleep(0.6)  # the agent notes what descends from the ranks every 0.2 s
-    [shell] = [pid for pid in _commands(tag, f"sh -c {escaper}")
-               if b"RANK=1" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")]
+    [shell] = [
+        pid
+        for pid in _commands(tag, f"sh -c {escaper}")
+        if b"RANK=1" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    ]
     wrapper = int(Path(f"/proc/{shell}/status").read_text().split("PPid:\t")[1].split()[0])
     os.kill(wrapper, signal.SIGKILL)  # the OOM killer: the untagged sleep is the agent's (a subreaper) now
     deadline = time.monotonic() + 1 + 1  # kill_grace_s (1) + 1 s

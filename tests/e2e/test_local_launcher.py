@@ -21,8 +21,15 @@ def test_probe_two_nodes_by_two_devices_forms_one_world(tmp_path, tag):
 
 
 def test_each_job_gets_its_own_values_and_concurrent_jobs_distinct_ports(tmp_path, tag):
-    done = run_app("recipe=probe", "num_nodes=1,2", "devices=2", "recipe.hold_s=2",
-                   "hydra.launcher.max_parallel_ranks=8", sweep_dir=tmp_path, tag=tag)
+    done = run_app(
+        "recipe=probe",
+        "num_nodes=1,2",
+        "devices=2",
+        "recipe.hold_s=2",
+        "hydra.launcher.max_parallel_ranks=8",
+        sweep_dir=tmp_path,
+        tag=tag,
+    )
     assert done.returncode == 0, done.stderr
     first, second = results(tmp_path)
     assert (first["world_size"], second["world_size"]) == (2, 4)  # per-job num_nodes, not the master's
@@ -46,8 +53,9 @@ def test_job_folder_console_and_summary(tmp_path, tag):
     assert (tmp_path / "multirun.yaml").exists() and (tmp_path / "summary.csv").exists()
     # rank 0's output live, prefixed with job, node and rank; then the summary table
     assert "[#0 n0 r0] probe: 4 ranks on 2 nodes answered; all_reduce=10" in done.stdout
-    assert re.search(r"^0\s+recipe=probe num_nodes=2 devices=2\s+COMPLETED\s+2 x 2\s+\d+\.\d s\s+[\d.]+$",
-                     done.stdout, re.M), done.stdout
+    assert re.search(
+        r"^0\s+recipe=probe num_nodes=2 devices=2\s+COMPLETED\s+2 x 2\s+\d+\.\d s\s+[\d.]+$", done.stdout, re.M
+    ), done.stdout
 
 
 def test_without_multirun_flag_the_job_still_goes_through_the_launcher(tmp_path, tag):
@@ -58,17 +66,28 @@ def test_without_multirun_flag_the_job_still_goes_through_the_launcher(tmp_path,
 
 
 def test_spawn_start_method_gives_the_same_world(tmp_path, tag):
-    done = run_app("recipe=probe", "num_nodes=2", "devices=2", "hydra.launcher.start_method=spawn",
-                   sweep_dir=tmp_path, tag=tag)
+    done = run_app(
+        "recipe=probe", "num_nodes=2", "devices=2", "hydra.launcher.start_method=spawn", sweep_dir=tmp_path, tag=tag
+    )
     assert done.returncode == 0, done.stderr
     [result] = results(tmp_path)
     assert result["return_value"]["all_reduce"] == 10.0
 
 
 def test_env_reaches_every_rank_and_inherited_cluster_variables_do_not(tmp_path, tag):
-    done = run_app("recipe=probe", "num_nodes=2", "devices=1", "+env.MY_FLAG=on", "recipe=probe",
-                   "command=null", sweep_dir=tmp_path, tag=tag, SLURM_NTASKS="8", SLURM_PROCID="5",
-                   TORCHELASTIC_RUN_ID="stray")
+    done = run_app(
+        "recipe=probe",
+        "num_nodes=2",
+        "devices=1",
+        "+env.MY_FLAG=on",
+        "recipe=probe",
+        "command=null",
+        sweep_dir=tmp_path,
+        tag=tag,
+        SLURM_NTASKS="8",
+        SLURM_PROCID="5",
+        TORCHELASTIC_RUN_ID="stray",
+    )
     # SLURM_NTASKS would make Lightning/torch pick the wrong world; the probe would see rank 5 of 8
     assert done.returncode == 0, done.stderr
     [result] = results(tmp_path)
@@ -76,8 +95,15 @@ def test_env_reaches_every_rank_and_inherited_cluster_variables_do_not(tmp_path,
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path, tag):
-    done = run_app("num_nodes=8", "machine=h100_x_8", "hydra.launcher.dry_run=true", "hydra.launcher.timeout_min=90",
-                   "+env.NCCL_DEBUG=INFO", sweep_dir=tmp_path, tag=tag)
+    done = run_app(
+        "num_nodes=8",
+        "machine=h100_x_8",
+        "hydra.launcher.dry_run=true",
+        "hydra.launcher.timeout_min=90",
+        "+env.NCCL_DEBUG=INFO",
+        sweep_dir=tmp_path,
+        tag=tag,
+    )
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "nothing is started" in out
@@ -89,8 +115,12 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path, tag):
     # the first 16 ranks and the last 2, with the count of those between
     for rank in (*range(16), 62, 63):
         node, local = divmod(rank, 8)
-        assert re.search(rf"^  rank {rank} +GLOBAL_RANK={rank} GROUP_RANK={node} LOCAL_RANK={local} "
-                         rf"MMT_NODE_ADDR=<node{node}> NODE_RANK={node} RANK={rank}$", out, re.M), rank
+        assert re.search(
+            rf"^  rank {rank} +GLOBAL_RANK={rank} GROUP_RANK={node} LOCAL_RANK={local} "
+            rf"MMT_NODE_ADDR=<node{node}> NODE_RANK={node} RANK={rank}$",
+            out,
+            re.M,
+        ), rank
     assert "  ...        46 more ranks" in out and "rank 16 " not in out
     assert "WARNING    Invalid machine='h100_x_8'" in out  # this host has no GPUs: said, not started
     assert job_dirs(tmp_path) == []

@@ -40,7 +40,7 @@ def test_legacy_machine_dry_run_says_legacy(tmp_path):
 # ------------------------------------------------------------------------------- an app's own conf/machine/
 
 
-APP = '''\
+APP = """\
 import hydra
 from omegaconf import DictConfig
 
@@ -52,7 +52,7 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == "__main__":
     main()
-'''
+"""
 OWN_PRICE = 1.23
 
 
@@ -73,15 +73,33 @@ def own_app(tmp_path) -> Path:
 
 
 def _run_own_app(app: Path, *overrides: str, sweep_dir: Path, tag=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(app / "app.py"), "-m", "hydra/launcher=mmt_local", *overrides,
-                           f"hydra.sweep.dir={sweep_dir}"], cwd=app, env=app_env(tag), capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(app / "app.py"),
+            "-m",
+            "hydra/launcher=mmt_local",
+            *overrides,
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=app,
+        env=app_env(tag),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_primary_config_dir_comes_before_the_catalogue(own_app):
     """Hydra's order: the app's own conf/ dir, then mmt's catalogue (an added hydra.searchpath comes after both)."""
-    info = subprocess.run([sys.executable, str(own_app / "app.py"), "--info", "searchpath"], cwd=own_app,
-                          env=app_env(), capture_output=True, text=True, timeout=120)
+    info = subprocess.run(
+        [sys.executable, str(own_app / "app.py"), "--info", "searchpath"],
+        cwd=own_app,
+        env=app_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert info.returncode == 0, info.stdout + info.stderr
     rows = [ln for ln in info.stdout.splitlines() if ln.startswith("|")]
     own = next(i for i, ln in enumerate(rows) if f"file://{own_app / 'conf'}" in ln)

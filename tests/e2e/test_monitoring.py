@@ -21,8 +21,15 @@ from mmt.monitor.sampler import read_samples
 
 
 def test_every_node_is_sampled_at_the_interval_and_cpu_hosts_have_no_gpu_fields(tmp_path, tag):
-    done = run_app("recipe=probe", "num_nodes=2", "devices=2", "recipe.hold_s=4",
-                   "hydra.launcher.metrics_interval_s=0.5", sweep_dir=tmp_path, tag=tag)
+    done = run_app(
+        "recipe=probe",
+        "num_nodes=2",
+        "devices=2",
+        "recipe.hold_s=4",
+        "hydra.launcher.metrics_interval_s=0.5",
+        sweep_dir=tmp_path,
+        tag=tag,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     for node in (0, 1):
         samples = read_samples(tmp_path / "0" / "metrics" / f"node{node}.jsonl")
@@ -63,8 +70,20 @@ bench_sampler.main(["--rounds", "1", *sys.argv[4:]])
 
 
 def _bench_verdict(with_sampling: float, without: float, *options: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", FAKE_MEASUREMENTS, str(BENCH_SAMPLER.parent),
-                           str(with_sampling), str(without), *options], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            FAKE_MEASUREMENTS,
+            str(BENCH_SAMPLER.parent),
+            str(with_sampling),
+            str(without),
+            *options,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_sampler_benchmark_fails_at_one_percent_of_a_core_or_more():
@@ -104,8 +123,15 @@ def test_plain_progress_lines_when_stdout_is_not_a_terminal(tmp_path, tag):
 
 def test_a_live_status_block_on_a_terminal_keeps_rank_zero_readable(tmp_path, tag):
     main, secondary = pty.openpty()
-    launcher = subprocess.Popen(app_command(*LM_SHORT, sweep_dir=tmp_path), cwd=REPO, env=app_env(tag, COLUMNS="160"),
-                                stdin=secondary, stdout=secondary, stderr=secondary, close_fds=True)
+    launcher = subprocess.Popen(
+        app_command(*LM_SHORT, sweep_dir=tmp_path),
+        cwd=REPO,
+        env=app_env(tag, COLUMNS="160"),
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+        close_fds=True,
+    )
     os.close(secondary)
     screen = b""
     while True:
@@ -134,9 +160,14 @@ def test_a_live_status_block_on_a_terminal_keeps_rank_zero_readable(tmp_path, ta
 
 
 def test_a_launch_can_serve_its_live_page_and_takes_it_down_at_the_end(tmp_path, tag):
-    launcher = subprocess.Popen(app_command("recipe=probe", "recipe.hold_s=5", "hydra.launcher.dashboard=true",
-                                            sweep_dir=tmp_path), cwd=REPO, env=app_env(tag), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(
+        app_command("recipe=probe", "recipe.hold_s=5", "hydra.launcher.dashboard=true", sweep_dir=tmp_path),
+        cwd=REPO,
+        env=app_env(tag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = None
     deadline = time.monotonic() + 60
     while url is None and time.monotonic() < deadline:

@@ -28,8 +28,14 @@ PROBE_2X2 = ("recipe=probe", "num_nodes=2", "devices=2")
 
 
 def _start(*overrides, sweep_dir, tag, **popen):
-    return subprocess.Popen(app_command(*overrides, sweep_dir=sweep_dir), cwd=REPO, env=app_env(tag),
-                            preexec_fn=from_a_terminal, text=True, **popen)
+    return subprocess.Popen(
+        app_command(*overrides, sweep_dir=sweep_dir),
+        cwd=REPO,
+        env=app_env(tag),
+        preexec_fn=from_a_terminal,
+        text=True,
+        **popen,
+    )
 
 
 def _pids_of(tag: str, needle: str):
@@ -66,8 +72,9 @@ def test_a_rerun_reads_only_its_own_attempt(tmp_path, tag):
 
 
 def test_a_job_dir_a_live_launch_owns_is_refused_and_nothing_is_mixed(tmp_path, tag):
-    first = _start(*PROBE_2X2, "recipe.hold_s=4", sweep_dir=tmp_path, tag=tag, stdout=subprocess.PIPE,
-                   stderr=subprocess.PIPE)
+    first = _start(
+        *PROBE_2X2, "recipe.hold_s=4", sweep_dir=tmp_path, tag=tag, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     wait_until(lambda: (tmp_path / "0" / ".mmt" / "owner.json").exists(), 30, "the first launch to own job 0")
     second = run_app(*PROBE_2X2, "+second=1", sweep_dir=tmp_path, tag=tag)
     # refused before Hydra's sweeper writes its record: the first launch's multirun.yaml is untouched
@@ -76,8 +83,10 @@ def test_a_job_dir_a_live_launch_owns_is_refused_and_nothing_is_mixed(tmp_path, 
     out, err = first.communicate(timeout=60)
     assert first.returncode == 0, err[-2000:]
     assert second.returncode != 0
-    assert (f"hydra.sweep.dir {tmp_path} is in use by a live launch: job 'train-" in second.stderr
-            and f"owns {tmp_path / '0'}" in second.stderr), second.stderr
+    assert (
+        f"hydra.sweep.dir {tmp_path} is in use by a live launch: job 'train-" in second.stderr
+        and f"owns {tmp_path / '0'}" in second.stderr
+    ), second.stderr
     assert "HINT: wait for it (mmt wait NAME)" in second.stderr and "Traceback" not in second.stderr
     [result] = results(tmp_path)
     assert result["status"] == "COMPLETED"
@@ -87,8 +96,7 @@ def test_a_job_dir_a_live_launch_owns_is_refused_and_nothing_is_mixed(tmp_path, 
 def test_the_default_sweep_dir_is_unique_per_launch():
     # two launches in the same second: ${now:%H-%M-%S} alone collides; the default adds the launch's own token
     command = [PY, str(REPO / "train.py"), "--cfg", "hydra", "-p", "hydra.sweep.dir"]
-    launched = [subprocess.Popen(command, cwd=REPO, env=app_env(), stdout=subprocess.PIPE, text=True)
-                for _ in range(2)]
+    launched = [subprocess.Popen(command, cwd=REPO, env=app_env(), stdout=subprocess.PIPE, text=True) for _ in range(2)]
     dirs = [p.communicate(timeout=60)[0].strip() for p in launched]
     assert all(re.fullmatch(r"outputs/multirun/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d-[0-9a-f]{4}", d) for d in dirs), dirs
     assert dirs[0] != dirs[1]
@@ -102,18 +110,19 @@ SECRET, COPIED = "hunter2-Zq81", "tok-Ab4s9"
 
 def test_secrets_are_never_printed_nor_stored_readable_by_others(tmp_path, tag):
     check = tmp_path / "check.py"  # prints the values' lengths: the values themselves stay unprinted
-    check.write_text("import os\nprint('values-arrived', len(os.environ['SECRET_TOKEN']), "
-                     "len(os.environ['HF_TOKEN']))\n")
+    check.write_text(
+        "import os\nprint('values-arrived', len(os.environ['SECRET_TOKEN']), len(os.environ['HF_TOKEN']))\n"
+    )
     # +a_setting sorts before +env in Hydra's override_dirname ("+a_setting=1,+env.SECRET_TOKEN=..."): a masking
     # that only looks at the start of a string would miss the secret there
     common = ("+a_setting=1", "num_nodes=2", "hydra.launcher.env_from=[HF_TOKEN]", f"command='{PY} {check}'")
     one_variable, whole_section = f"+env.SECRET_TOKEN={SECRET}", f"+env={{SECRET_TOKEN:{SECRET}}}"
-    dry = run_app(*common, whole_section, "hydra.launcher.dry_run=true", sweep_dir=tmp_path / "dry", tag=tag,
-                  HF_TOKEN=COPIED)
+    dry = run_app(
+        *common, whole_section, "hydra.launcher.dry_run=true", sweep_dir=tmp_path / "dry", tag=tag, HF_TOKEN=COPIED
+    )
     assert dry.returncode == 0 and "SECRET_TOKEN=***" in dry.stdout and "HF_TOKEN=***" in dry.stdout
     # refused before anything starts: Hydra had written the sweep's multirun.yaml already
-    refused = run_app(*common, one_variable, "devices=zero", sweep_dir=tmp_path / "refused", tag=tag,
-                      HF_TOKEN=COPIED)
+    refused = run_app(*common, one_variable, "devices=zero", sweep_dir=tmp_path / "refused", tag=tag, HF_TOKEN=COPIED)
     assert refused.returncode != 0 and "Invalid" in refused.stderr
     done = run_app(*common, one_variable, sweep_dir=tmp_path / "run", tag=tag, HF_TOKEN=COPIED)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -140,8 +149,13 @@ def test_secrets_are_never_printed_nor_stored_readable_by_others(tmp_path, tag):
 
 def test_a_name_to_copy_that_the_launcher_lacks_is_refused(tmp_path, tag):
     env = {k: v for k, v in app_env(tag).items() if k != "MISSING_TOKEN"}
-    done = subprocess.run(app_command("recipe=probe", "hydra.launcher.env_from=[MISSING_TOKEN]", sweep_dir=tmp_path),
-                          cwd=REPO, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        app_command("recipe=probe", "hydra.launcher.env_from=[MISSING_TOKEN]", sweep_dir=tmp_path),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode != 0
     assert "Invalid hydra.launcher.env_from=['MISSING_TOKEN']: not set in the launcher's environment" in done.stderr
 
@@ -159,13 +173,24 @@ def _left_at(tag: str, deadline: float, spare: int) -> list:
 
 
 def test_a_rank_wrapper_killed_outright_takes_its_command_with_it(tmp_path, tag):
-    launcher = _start("num_nodes=1", "devices=2", "command_mode=per_rank", "command='sleep 120'",
-                      sweep_dir=tmp_path, tag=tag, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    launcher = _start(
+        "num_nodes=1",
+        "devices=2",
+        "command_mode=per_rank",
+        "command='sleep 120'",
+        sweep_dir=tmp_path,
+        tag=tag,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     wait_until(lambda: len(_pids_of(tag, "sleep 120")) >= 4, 60, "both commands")  # each rank: sh and sleep
     # the rank's wrapper: the parent of the shell that runs rank 1's command (forked ranks show the agent's
     # command line and environment in /proc; the shell was exec'd with the rank's)
-    [shell] = [pid for pid in _pids_of(tag, "sh -c sleep 120")
-               if b"RANK=1" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")]
+    [shell] = [
+        pid
+        for pid in _pids_of(tag, "sh -c sleep 120")
+        if b"RANK=1" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    ]
     wrapper = int(Path(f"/proc/{shell}/status").read_text().split("PPid:\t")[1].split()[0])
     os.kill(wrapper, signal.SIGKILL)  # what the OOM killer does
     # every process the job started is gone within kill_grace_s (1) + 1 s of the kill
@@ -178,11 +203,22 @@ def test_a_rank_wrapper_killed_outright_takes_its_command_with_it(tmp_path, tag)
 
 
 def test_a_killed_agent_leaves_nothing_and_every_result_is_written(tmp_path, tag):
-    launcher = _start("num_nodes=1", "devices=2", "command_mode=per_rank", "command='sleep 120'",
-                      sweep_dir=tmp_path, tag=tag, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    launcher = _start(
+        "num_nodes=1",
+        "devices=2",
+        "command_mode=per_rank",
+        "command='sleep 120'",
+        sweep_dir=tmp_path,
+        tag=tag,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     wait_until(lambda: len(_pids_of(tag, "sleep 120")) >= 4, 60, "both commands")
-    [agent] = [pid for pid in _pids_of(tag, "mmt.agent.server") if Path(f"/proc/{pid}/status").read_text()
-               .split("PPid:\t")[1].split()[0] == str(launcher.pid)]
+    [agent] = [
+        pid
+        for pid in _pids_of(tag, "mmt.agent.server")
+        if Path(f"/proc/{pid}/status").read_text().split("PPid:\t")[1].split()[0] == str(launcher.pid)
+    ]
     os.kill(agent, signal.SIGKILL)
     assert _left_at(tag, time.monotonic() + 1 + 1, spare=launcher.pid) == []  # kill_grace_s (1) + 1 s
     out, err = launcher.communicate(timeout=30)
@@ -194,10 +230,17 @@ def test_a_killed_agent_leaves_nothing_and_every_result_is_written(tmp_path, tag
 
 
 def test_a_setsid_grandchild_that_ignores_sigterm_is_gone_within_the_grace(tmp_path, tag):
-    stubborn = "setsid sh -c \"trap \\\"\\\" TERM; sleep 300\" & sleep 300"
-    launcher = _start("num_nodes=1", f"command='{stubborn}'", "hydra.launcher.kill_grace_s=0.2",
-                      "hydra.launcher.timeout_min=0.05", sweep_dir=tmp_path, tag=tag, stdout=subprocess.DEVNULL,
-                      stderr=subprocess.DEVNULL)
+    stubborn = 'setsid sh -c "trap \\"\\" TERM; sleep 300" & sleep 300'
+    launcher = _start(
+        "num_nodes=1",
+        f"command='{stubborn}'",
+        "hydra.launcher.kill_grace_s=0.2",
+        "hydra.launcher.timeout_min=0.05",
+        sweep_dir=tmp_path,
+        tag=tag,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_until(lambda: len(_pids_of(tag, "sleep 300")) >= 2, 60, "the command and its setsid'd grandchild")
     running_seen = time.monotonic()  # the job started a little before: its 3 s limit ends before this + 3
     # the time limit (3 s), then kill_grace_s (0.2) + 1 s
@@ -213,8 +256,15 @@ def test_a_setsid_grandchild_that_ignores_sigterm_is_gone_within_the_grace(tmp_p
 def test_a_stdout_nobody_reads_never_delays_the_time_limit(tmp_path, tag):
     chatter = tmp_path / "chatter.py"
     chatter.write_text("import sys\nwhile True:\n    sys.stdout.write('chatter ' * 1000 + '\\n')\n")
-    launcher = _start("num_nodes=1", f"command='{PY} {chatter}'", "hydra.launcher.timeout_min=0.1",
-                      sweep_dir=tmp_path / "sweep", tag=tag, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    launcher = _start(
+        "num_nodes=1",
+        f"command='{PY} {chatter}'",
+        "hydra.launcher.timeout_min=0.1",
+        sweep_dir=tmp_path / "sweep",
+        tag=tag,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     tmp_path = tmp_path / "sweep"  # the pipe is never read while it runs
     wait_until(lambda: (tmp_path / "0" / "result.json").exists(), 40, "the job's result")
     assert launcher.wait(timeout=30) != 0  # it exits although nobody ever read its output
@@ -225,8 +275,9 @@ def test_a_stdout_nobody_reads_never_delays_the_time_limit(tmp_path, tag):
 
 def test_a_closed_stdout_ends_the_printing_not_the_jobs(tmp_path, tag):
     command = " ".join(app_command(*PROBE_2X2, "recipe.hold_s=1", sweep_dir=tmp_path)) + " | head -n 1"
-    done = subprocess.run(["bash", "-c", command], cwd=REPO, env=app_env(tag), capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=REPO, env=app_env(tag), capture_output=True, text=True, timeout=120
+    )
     assert len(done.stdout.splitlines()) == 1
     [result] = results(tmp_path)
     assert result["status"] == "COMPLETED" and result["return_value"]["all_reduce"] == 10.0
@@ -234,10 +285,18 @@ def test_a_closed_stdout_ends_the_printing_not_the_jobs(tmp_path, tag):
 
 def test_a_huge_line_costs_bounded_memory_and_control_sequences_never_reach_the_terminal(tmp_path, tag):
     script = tmp_path / "emit.py"
-    script.write_text("import sys\nsys.stdout.write('\\x1b]0;pwned\\x07title \\x1b[31mred\\x1b[0m bell\\x07\\n')\n"
-                      "sys.stdout.write('x' * 200_000_000 + '\\n')\nsys.stdout.write('after the long line\\n')\n")
-    launcher = _start("num_nodes=1", f"command='{PY} {script}'", sweep_dir=tmp_path / "sweep", tag=tag,
-                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    script.write_text(
+        "import sys\nsys.stdout.write('\\x1b]0;pwned\\x07title \\x1b[31mred\\x1b[0m bell\\x07\\n')\n"
+        "sys.stdout.write('x' * 200_000_000 + '\\n')\nsys.stdout.write('after the long line\\n')\n"
+    )
+    launcher = _start(
+        "num_nodes=1",
+        f"command='{PY} {script}'",
+        sweep_dir=tmp_path / "sweep",
+        tag=tag,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     peak = 0
     while launcher.poll() is None:
         try:
@@ -257,8 +316,9 @@ def test_a_huge_line_costs_bounded_memory_and_control_sequences_never_reach_the_
 
 
 def _holding(tmp_path, tag):
-    launcher = _start(*PROBE_2X2, "recipe.hold_s=60", sweep_dir=tmp_path, tag=tag, stdout=subprocess.PIPE,
-                      stderr=subprocess.STDOUT)
+    launcher = _start(
+        *PROBE_2X2, "recipe.hold_s=60", sweep_dir=tmp_path, tag=tag, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     wait_until(lambda: len(tagged_pids(tag)) >= 6 and (tmp_path / "0" / "logs").exists(), 60, "the ranks")
     time.sleep(1.0)
     return launcher
@@ -313,9 +373,14 @@ def test_a_lost_terminal_stops_local_jobs_and_writes_every_result(tmp_path, tag)
 
 def test_a_launcher_under_nohup_keeps_its_jobs_through_a_hangup(tmp_path, tag):
     # `nohup python train.py -m ...`: SIGHUP ignored on purpose; the hangup must not stop the job
-    launcher = subprocess.Popen(["nohup", *app_command(*PROBE_2X2, "recipe.hold_s=4", sweep_dir=tmp_path)],
-                                cwd=REPO, env=app_env(tag), text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT)
+    launcher = subprocess.Popen(
+        ["nohup", *app_command(*PROBE_2X2, "recipe.hold_s=4", sweep_dir=tmp_path)],
+        cwd=REPO,
+        env=app_env(tag),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     wait_until(lambda: len(tagged_pids(tag)) >= 6 and (tmp_path / "0" / "logs").exists(), 60, "the ranks")
     launcher.send_signal(signal.SIGHUP)
     output, _ = launcher.communicate(timeout=60)
@@ -335,8 +400,15 @@ def small_disk(tmp_path):
 def test_a_full_disk_writes_what_it_can_and_says_what_it_could_not(small_disk, tmp_path, tag):
     # job 0 ends at once; then the disk fills; job 1 ends on a full disk
     fill = f"{PY} -c \"open('{small_disk}/filler', 'wb').write(bytes(16 << 20))\" ; true"
-    launcher = _start("num_nodes=1", "command='sleep $((2 + 4 * $(basename $MMT_JOB_DIR)))'", "+x=0,1",
-                      sweep_dir=small_disk / "sweep", tag=tag, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    launcher = _start(
+        "num_nodes=1",
+        "command='sleep $((2 + 4 * $(basename $MMT_JOB_DIR)))'",
+        "+x=0,1",
+        sweep_dir=small_disk / "sweep",
+        tag=tag,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     wait_until(lambda: (small_disk / "sweep" / "0" / "result.json").exists(), 40, "job 0's result")
     subprocess.run(["bash", "-c", fill])
     out, err = launcher.communicate(timeout=60)
@@ -384,14 +456,23 @@ def test_an_absurd_size_is_refused_before_any_rank_is_planned(tmp_path, tag):
     started = time.monotonic()
     done = run_app("num_nodes=1000000000", "hydra.launcher.dry_run=true", sweep_dir=tmp_path, tag=tag)
     assert done.returncode != 0 and time.monotonic() - started < 20
-    assert ("Invalid num_nodes=1000000000: at most 1,024 nodes per job (cluster=local runs every process of a job "
-            "on this host)") in done.stderr
+    assert (
+        "Invalid num_nodes=1000000000: at most 1,024 nodes per job (cluster=local runs every process of a job "
+        "on this host)"
+    ) in done.stderr
 
 
 def test_a_dry_run_of_a_very_large_job_is_quick_and_short(tmp_path, tag):
     started = time.monotonic()
-    done = run_app("cluster=slurm", "num_nodes=4096", "machine=h100_x_8", "batch.global_size=65536",
-                   "hydra.launcher.dry_run=true", sweep_dir=tmp_path, tag=tag)
+    done = run_app(
+        "cluster=slurm",
+        "num_nodes=4096",
+        "machine=h100_x_8",
+        "batch.global_size=65536",
+        "hydra.launcher.dry_run=true",
+        sweep_dir=tmp_path,
+        tag=tag,
+    )
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     assert "topology   4,096 nodes x 8 devices = 32,768 ranks" in done.stdout
@@ -408,16 +489,26 @@ def _hydra_startup_s(tmp_path) -> float:
 # ------------------------------------------------------------------------------------ 10. SLURM values
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["hydra.sweep.dir='/tmp/a\nb'"], "Invalid hydra.sweep.dir='/tmp/a\\nb': a value mmt writes into scripts"),
-    (["hydra.launcher.submitit_folder='/tmp/x\ntouch /tmp/mmt-pwned'"], "Invalid hydra.launcher.submitit_folder="),
-    (["hydra.launcher.timeout_min=1e308"], "Invalid hydra.launcher.timeout_min=1e+308: expected a number <= 527,040"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["hydra.sweep.dir='/tmp/a\nb'"], "Invalid hydra.sweep.dir='/tmp/a\\nb': a value mmt writes into scripts"),
+        (["hydra.launcher.submitit_folder='/tmp/x\ntouch /tmp/mmt-pwned'"], "Invalid hydra.launcher.submitit_folder="),
+        (
+            ["hydra.launcher.timeout_min=1e308"],
+            "Invalid hydra.launcher.timeout_min=1e+308: expected a number <= 527,040",
+        ),
+    ],
+)
 def test_slurm_values_that_cannot_run_are_refused(overrides, message, tmp_path, tag):
-    done = subprocess.run([PY, str(REPO / "train.py"), "-m", "cluster=slurm", "recipe=probe", *overrides,
-                           "hydra.launcher.dry_run=true"] + ([] if "sweep.dir" in overrides[0]
-                                                            else [f"hydra.sweep.dir={tmp_path}"]),
-                          cwd=REPO, env=app_env(tag), capture_output=True, text=True)
+    done = subprocess.run(
+        [PY, str(REPO / "train.py"), "-m", "cluster=slurm", "recipe=probe", *overrides, "hydra.launcher.dry_run=true"]
+        + ([] if "sweep.dir" in overrides[0] else [f"hydra.sweep.dir={tmp_path}"]),
+        cwd=REPO,
+        env=app_env(tag),
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode != 0 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not Path("/tmp/mmt-pwned").exists()
 
@@ -439,15 +530,27 @@ def test_a_slurm_query_that_fails_says_nothing_about_the_job(tmp_path, monkeypat
 
 
 def test_a_timeout_says_which_ranks_had_not_reached_the_end(tmp_path, tag):
-    done = run_app(*PROBE_2X2, "recipe.fail_rank=3", "recipe.fail_mode=hang", "recipe.fail_at=start",
-                   "hydra.launcher.timeout_min=0.1", sweep_dir=tmp_path, tag=tag)
+    done = run_app(
+        *PROBE_2X2,
+        "recipe.fail_rank=3",
+        "recipe.fail_mode=hang",
+        "recipe.fail_at=start",
+        "hydra.launcher.timeout_min=0.1",
+        sweep_dir=tmp_path,
+        tag=tag,
+    )
     assert done.returncode != 0
     assert "all 4 ranks were still running (none reached the end)" in results(tmp_path)[0]["error"]
 
 
 def test_a_failed_commands_own_exit_status_is_reported(tmp_path, tag):
-    done = run_app("command='if [ $NODE_RANK = 0 ]; then kill -9 $$; fi; exit 3'", "num_nodes=2",
-                   "+x=a", sweep_dir=tmp_path / "a", tag=tag)
+    done = run_app(
+        "command='if [ $NODE_RANK = 0 ]; then kill -9 $$; fi; exit 3'",
+        "num_nodes=2",
+        "+x=a",
+        sweep_dir=tmp_path / "a",
+        tag=tag,
+    )
     failure = results(tmp_path / "a")[0]["failure"]
     assert done.returncode != 0 and failure is not None
     assert (failure["node_rank"], failure["exit_code"], failure["signal"]) in ((0, None, "SIGKILL"), (1, 3, None))
@@ -474,15 +577,24 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("what, note", [
-    ("empty", "rank 0 (node 0) raised RuntimeError; the other ranks were stopped"),
-    ("blank-first-line", "rank 0 (node 0) raised RuntimeError: -- Process 0 terminated with the following error:"),
-    ("no-result", "rank 0 (node 0) exited 0 without reporting a result. Log:"),
-])
+@pytest.mark.parametrize(
+    "what, note",
+    [
+        ("empty", "rank 0 (node 0) raised RuntimeError; the other ranks were stopped"),
+        ("blank-first-line", "rank 0 (node 0) raised RuntimeError: -- Process 0 terminated with the following error:"),
+        ("no-result", "rank 0 (node 0) exited 0 without reporting a result. Log:"),
+    ],
+)
 def test_every_failure_gets_a_readable_summary_note(what, note, tmp_path, tag):
     (tmp_path / "app.py").write_text(APP)
-    done = subprocess.run([PY, "app.py", "-m", "hydra/launcher=mmt_local", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-                          cwd=tmp_path, env=app_env(tag, WHAT=what), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [PY, "app.py", "-m", "hydra/launcher=mmt_local", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        cwd=tmp_path,
+        env=app_env(tag, WHAT=what),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0
     assert f"  job 0: {note}" in done.stdout, done.stdout
 

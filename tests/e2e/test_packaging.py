@@ -49,7 +49,11 @@ def test_setup_installed_the_cpu_build_of_torch_on_a_host_without_a_gpu():
     """The README's setup must not pull a multi-GB CUDA build where no GPU can use it."""
     if shutil.which("nvidia-smi"):
         pytest.skip("this host has an NVIDIA driver: a CUDA build of torch is the right one here")
-    done = subprocess.run([sys.executable, "-c", "import torch; print(torch.version.cuda, torch.__version__)"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.version.cuda, torch.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[0] == "None", f"a CUDA build of torch was installed: {done.stdout.strip()}"

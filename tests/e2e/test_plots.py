@@ -23,8 +23,10 @@ def test_a_real_probe_sweep_is_plotted(tmp_path, tag):
     # the engine wrote it at the end of the sweep
     assert (tmp_path / "summary.png").read_bytes()[:8] == PNG_SIGNATURE
     # the file on disk plots both jobs, each with its metric
-    assert plotted_jobs(tmp_path / "summary.png") == [("0", "num_nodes=1", "COMPLETED"),
-                                                      ("1", "num_nodes=2", "COMPLETED")]
+    assert plotted_jobs(tmp_path / "summary.png") == [
+        ("0", "num_nodes=1", "COMPLETED"),
+        ("1", "num_nodes=2", "COMPLETED"),
+    ]
     assert plotted(tmp_path / "summary.png")["metric"] == "seconds_to_first_collective"
     assert all(isinstance(job["metric"], float) for job in plotted(tmp_path / "summary.png")["jobs"])
     [ax] = sweep_figure(tmp_path).axes  # the probe writes no metrics.csv: no curves panel
@@ -34,13 +36,16 @@ def test_a_real_probe_sweep_is_plotted(tmp_path, tag):
 
 def test_the_readme_sweep_is_plotted_with_both_jobs_and_their_curves(tmp_path, tag):
     # the README's main job (`python train.py -m num_nodes=1,2 devices=2`), shortened
-    done = run_app("num_nodes=1,2", "devices=2", "recipe.max_steps=6", "recipe.val_check_interval=3",
-                   sweep_dir=tmp_path, tag=tag)
+    done = run_app(
+        "num_nodes=1,2", "devices=2", "recipe.max_steps=6", "recipe.val_check_interval=3", sweep_dir=tmp_path, tag=tag
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "summary.png").read_bytes()[:8] == PNG_SIGNATURE
     # the file the engine wrote at the end plots both jobs: their metric and their curves
-    assert plotted_jobs(tmp_path / "summary.png") == [("0", "num_nodes=1", "COMPLETED"),
-                                                      ("1", "num_nodes=2", "COMPLETED")]
+    assert plotted_jobs(tmp_path / "summary.png") == [
+        ("0", "num_nodes=1", "COMPLETED"),
+        ("1", "num_nodes=2", "COMPLETED"),
+    ]
     drawn = plotted(tmp_path / "summary.png")
     assert drawn["metric"] == "val_loss"
     assert all(isinstance(job["metric"], float) and "train_loss" in job["curves"] for job in drawn["jobs"])

@@ -85,9 +85,18 @@ def test_recipe_runs_as_a_single_process_with_accumulation(recipe, tmp_path, tag
     (hooks / "sitecustomize.py").write_text(RECORD_MOVES)
     moves = tmp_path / "moves.jsonl"
     # one rank: no process group, no DDP wrapper; the plan still splits the global batch (32 = 1 x 8 x 4)
-    done = run_app(f"recipe={recipe}", "batch.global_size=32", "batch.micro=8", "recipe.max_steps=4",
-                   "recipe.val_check_interval=2", "recipe.limit_val_batches=2", sweep_dir=tmp_path / "sweep",
-                   tag=tag, PYTHONPATH=str(hooks), MOVES_LOG=str(moves))
+    done = run_app(
+        f"recipe={recipe}",
+        "batch.global_size=32",
+        "batch.micro=8",
+        "recipe.max_steps=4",
+        "recipe.val_check_interval=2",
+        "recipe.limit_val_batches=2",
+        sweep_dir=tmp_path / "sweep",
+        tag=tag,
+        PYTHONPATH=str(hooks),
+        MOVES_LOG=str(moves),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     [result] = results(tmp_path / "sweep")
     value = result["return_value"]
@@ -96,6 +105,7 @@ def test_recipe_runs_as_a_single_process_with_accumulation(recipe, tmp_path, tag
     # every checkpoint is put in place by a rename from its own dir, never moved in from elsewhere (a move across
     # filesystems is a copy that a kill can cut short)
     checkpoint = job_dirs(tmp_path / "sweep")[0] / "checkpoints" / RECIPES[recipe]
-    placed = [(how, Path(src)) for how, src, dst in map(json.loads, moves.read_text().splitlines())
-              if Path(dst) == checkpoint]
+    placed = [
+        (how, Path(src)) for how, src, dst in map(json.loads, moves.read_text().splitlines()) if Path(dst) == checkpoint
+    ]
     assert placed and all(how == "replace" and src.parent == checkpoint.parent for how, src in placed), placed

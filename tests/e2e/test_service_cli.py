@@ -41,8 +41,14 @@ def _measured(code: str, args: List[str], cwd: Path, home: Path) -> Tuple[int, b
     RSS in MB)."""
     peak = cwd / "peak"
     with open(cwd / "stdout", "wb") as out:
-        done = subprocess.run([PY, "-c", MEASURED, code, *args], cwd=cwd, stdout=out, stderr=subprocess.PIPE,
-                              env=app_env(MMT_HOME=str(home), PEAK_FILE=str(peak)), timeout=180)
+        done = subprocess.run(
+            [PY, "-c", MEASURED, code, *args],
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            env=app_env(MMT_HOME=str(home), PEAK_FILE=str(peak)),
+            timeout=180,
+        )
     return done.returncode, (cwd / "stdout").read_bytes()[-4096:], done.stderr.decode(), int(peak.read_text()) / 1024
 
 
@@ -62,18 +68,27 @@ def huge_log(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, Path]:
     return home, root
 
 
-@pytest.mark.parametrize("code, args, what", [
-    (CLI, ["logs", "huge", "--tail", "3"], "tail"),
-    (CLI, ["logs", "huge", "-f", "--tail", "3"], "tail"),
-    (CLI, ["logs", "huge"], "all"),
-    (CLI, ["logs", "huge", "--raw"], "all"),
-    ("import sys; from mmt import Job; sys.stdout.write(Job.get('huge').logs(tail=3))", [], "tail"),
-    ("import sys; from mmt import Job; sys.stdout.write(Job.get('huge').machines[0].logs[-100:])", [], "end"),
-    ("import sys; from mmt import Job\nfor line in Job.get('huge').logs(follow=True, tail=3): sys.stdout.write(line)",
-     [], "tail"),
-], ids=["cli-tail", "cli-follow-tail", "cli-all", "cli-raw", "sdk-tail", "sdk-machine-logs", "sdk-follow-tail"])
-def test_a_huge_log_is_read_in_bounded_memory(huge_log: Tuple[Path, Path], tmp_path: Path, code: str,
-                                              args: List[str], what: str) -> None:
+@pytest.mark.parametrize(
+    "code, args, what",
+    [
+        (CLI, ["logs", "huge", "--tail", "3"], "tail"),
+        (CLI, ["logs", "huge", "-f", "--tail", "3"], "tail"),
+        (CLI, ["logs", "huge"], "all"),
+        (CLI, ["logs", "huge", "--raw"], "all"),
+        ("import sys; from mmt import Job; sys.stdout.write(Job.get('huge').logs(tail=3))", [], "tail"),
+        ("import sys; from mmt import Job; sys.stdout.write(Job.get('huge').machines[0].logs[-100:])", [], "end"),
+        (
+            "import sys; from mmt import Job\n"
+            "for line in Job.get('huge').logs(follow=True, tail=3): sys.stdout.write(line)",
+            [],
+            "tail",
+        ),
+    ],
+    ids=["cli-tail", "cli-follow-tail", "cli-all", "cli-raw", "sdk-tail", "sdk-machine-logs", "sdk-follow-tail"],
+)
+def test_a_huge_log_is_read_in_bounded_memory(
+    huge_log: Tuple[Path, Path], tmp_path: Path, code: str, args: List[str], what: str
+) -> None:
     """Item 11: `mmt logs --tail 3` took 2.7 GB of RSS for a 1 GB log (read whole, decoded, split); now every
     reader seeks from the end or reads in bounded chunks, whatever it prints."""
     home, _ = huge_log
@@ -95,8 +110,9 @@ def test_a_registry_on_a_read_only_filesystem_is_one_line(tmp_path: Path) -> Non
         if remount.returncode != 0:
             pytest.skip(f"cannot remount read-only here: {remount.stderr.strip()}")
         for verb in (["list"], ["inspect", "frozen"], ["logs", "frozen"], ["stop", "frozen"]):
-            done = subprocess.run([MMT, *verb], cwd=tmp_path, env=app_env(MMT_HOME=str(home)), capture_output=True,
-                                  text=True, timeout=60)
+            done = subprocess.run(
+                [MMT, *verb], cwd=tmp_path, env=app_env(MMT_HOME=str(home)), capture_output=True, text=True, timeout=60
+            )
             lines = done.stderr.strip().splitlines()
             assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, (verb, done.stderr)
             assert lines[0].startswith(f"mmt: the job registry {home / 'registry.sqlite'} cannot be used: "), lines
@@ -106,38 +122,66 @@ def test_a_registry_on_a_read_only_filesystem_is_one_line(tmp_path: Path) -> Non
 def test_a_real_job_says_which_ranks_it_has_and_that_its_dir_was_deleted(tmp_path: Path, tag: str) -> None:
     """Items 14 and 18 end to end: a 2 x 2 job run by `mmt run`; a rank it does not have is one line; once its dir
     is deleted, `mmt logs`, `mmt inspect` and the SDK say so instead of showing a Completed job with empty logs."""
-    def mmt(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([MMT, *args], cwd=tmp_path, env=app_env(tag), capture_output=True, text=True,
-                              timeout=120)
 
-    ran = mmt("run", "--name", "doomed", "--num-machines", "2", "--devices", "2", "--command-mode", "per_rank",
-              "--command", "echo rank $RANK")
+    def mmt(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([MMT, *args], cwd=tmp_path, env=app_env(tag), capture_output=True, text=True, timeout=120)
+
+    ran = mmt(
+        "run",
+        "--name",
+        "doomed",
+        "--num-machines",
+        "2",
+        "--devices",
+        "2",
+        "--command-mode",
+        "per_rank",
+        "--command",
+        "echo rank $RANK",
+    )
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert mmt("logs", "doomed", "--rank", "3").stdout == "rank 3\n"
     for rank in ("4", "-1"):
         wrong = mmt("logs", "doomed", "--rank", rank)
         assert (wrong.returncode, wrong.stdout, wrong.stderr) == (
-            2, "", f"mmt: Invalid --rank {rank}: expected one of ranks 0-3 of this 2 x 2 job.\n")
+            2,
+            "",
+            f"mmt: Invalid --rank {rank}: expected one of ranks 0-3 of this 2 x 2 job.\n",
+        )
     job_dir = tmp_path / "outputs" / "mmt" / "doomed" / "0"
     assert job_dir.is_dir()
     shutil.rmtree(job_dir)
     logs = mmt("logs", "doomed")
     assert logs.returncode == 2 and logs.stdout == ""
-    assert logs.stderr == (f"mmt: the job dir {job_dir} of doomed was deleted: its logs and files are gone (the "
-                           "registry still records it as Completed). HINT: `mmt delete doomed` forgets it\n")
+    assert logs.stderr == (
+        f"mmt: the job dir {job_dir} of doomed was deleted: its logs and files are gone (the "
+        "registry still records it as Completed). HINT: `mmt delete doomed` forgets it\n"
+    )
     inspect = mmt("inspect", "doomed")
     assert inspect.returncode == 0 and f"files         the job dir {job_dir} of doomed was deleted" in inspect.stdout
-    sdk = subprocess.run([PY, "-c", "from mmt import Job\njob = Job.get('doomed')\nprint(job.status.value)\n"
-                          "job.machines[1].logs"], cwd=tmp_path, env=app_env(tag), capture_output=True, text=True,
-                         timeout=60)
+    sdk = subprocess.run(
+        [PY, "-c", "from mmt import Job\njob = Job.get('doomed')\nprint(job.status.value)\njob.machines[1].logs"],
+        cwd=tmp_path,
+        env=app_env(tag),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert sdk.stdout == "Completed\n" and "JobDirGone: the job dir" in sdk.stderr, sdk.stderr[-2000:]
 
 
 def test_a_detached_sweep_refuses_the_dashboard_instead_of_dropping_it(tmp_path: Path, tag: str) -> None:
     """Low, the Hydra side of `--detach --dashboard`: a detached sweep returned at once and served no page."""
-    done = run_app("recipe=probe", "hydra.launcher.detach=true", "hydra.launcher.dashboard=true",
-                   sweep_dir=tmp_path / "sweep", tag=tag)
+    done = run_app(
+        "recipe=probe",
+        "hydra.launcher.detach=true",
+        "hydra.launcher.dashboard=true",
+        sweep_dir=tmp_path / "sweep",
+        tag=tag,
+    )
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert ("Invalid hydra.launcher.dashboard=True: the live page lasts as long as an attached launch, and a detached "
-            "one returns at once. HINT: leave it out, and run `mmt dashboard`") in done.stderr, done.stderr[-3000:]
+    assert (
+        "Invalid hydra.launcher.dashboard=True: the live page lasts as long as an attached launch, and a detached "
+        "one returns at once. HINT: leave it out, and run `mmt dashboard`"
+    ) in done.stderr, done.stderr[-3000:]
     assert job_dirs(tmp_path / "sweep") == []  # nothing was submitted

@@ -53,8 +53,9 @@ def test_probe_sweep_one_and_two_nodes_one_agent_per_node(tmp_path, tag):
 
 
 def test_per_rank_tasks_map_slurms_own_ids_onto_the_contract(tmp_path, tag):
-    done = run_app(*SLURM_PROBE, "num_nodes=2", "hydra.launcher.tasks=per_rank", sweep_dir=tmp_path, tag=tag,
-                   timeout=180)
+    done = run_app(
+        *SLURM_PROBE, "num_nodes=2", "hydra.launcher.tasks=per_rank", sweep_dir=tmp_path, tag=tag, timeout=180
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = results(tmp_path)[0]["return_value"]["ranks"]
     assert [r["hostname"] for r in ranks] == ["node1", "node1", "node2", "node2"]
@@ -77,8 +78,16 @@ def test_a_rank_that_raises_ends_the_job_quickly_and_is_named(tmp_path, tag):
 
 
 def test_a_rank_that_exits_137_is_named_from_sruns_report(tmp_path, tag):
-    done = run_app(*SLURM_PROBE, "num_nodes=2", "recipe.fail_rank=3", "recipe.fail_mode=exit",
-                   "recipe.exit_code=137", sweep_dir=tmp_path, tag=tag, timeout=180)
+    done = run_app(
+        *SLURM_PROBE,
+        "num_nodes=2",
+        "recipe.fail_rank=3",
+        "recipe.fail_mode=exit",
+        "recipe.exit_code=137",
+        sweep_dir=tmp_path,
+        tag=tag,
+        timeout=180,
+    )
     assert done.returncode == 1
     failure = results(tmp_path)[0]["failure"]
     assert (failure["rank"], failure["node_rank"], failure["exit_code"]) == (3, 1, 137)
@@ -86,8 +95,15 @@ def test_a_rank_that_exits_137_is_named_from_sruns_report(tmp_path, tag):
 
 def _start_holding(tmp_path, tag, *extra):
     command = app_command(*SLURM_PROBE, "num_nodes=2", "recipe.hold_s=120", *extra, sweep_dir=tmp_path)
-    launcher = subprocess.Popen(command, cwd=REPO, env=app_env(tag), preexec_fn=from_a_terminal,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=app_env(tag),
+        preexec_fn=from_a_terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         state = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True).stdout.split()
@@ -119,8 +135,9 @@ def test_ctrl_c_on_the_launcher_cancels_its_jobs(tmp_path, tag):
     while _squeue() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _squeue() == ""
-    state = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True,
-                           text=True).stdout
+    state = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True
+    ).stdout
     assert state.startswith("CANCELLED")
     assert wait_gone(tag, timeout_s=15) == []
 
@@ -131,14 +148,20 @@ def test_ctrl_c_while_jobs_are_being_submitted_leaves_no_job_unknown_or_unreport
     are, and the summary names every job."""
     slow = tmp_path / "bin"  # an sbatch that takes its time, as a busy slurmctld does
     slow.mkdir()
-    (slow / "sbatch").write_text(f"#!/bin/sh\nsleep 2\nexec {shutil.which('sbatch')} \"$@\"\n")
+    (slow / "sbatch").write_text(f'#!/bin/sh\nsleep 2\nexec {shutil.which("sbatch")} "$@"\n')
     (slow / "sbatch").chmod(0o755)
     env = app_env(tag, PATH=f"{slow}:{os.environ['PATH']}")
     before = set(_squeue().split())
-    launcher = subprocess.Popen(app_command(*SLURM_PROBE, "num_nodes=1", "recipe.hold_s=60", "+x=1,2,3",
-                                            sweep_dir=tmp_path), cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, preexec_fn=from_a_terminal,
-                                start_new_session=True)
+    launcher = subprocess.Popen(
+        app_command(*SLURM_PROBE, "num_nodes=1", "recipe.hold_s=60", "+x=1,2,3", sweep_dir=tmp_path),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=from_a_terminal,
+        start_new_session=True,
+    )
     seen = []
     for line in launcher.stdout:  # the first sbatch starts right after this line
         seen.append(line)
@@ -151,13 +174,16 @@ def test_ctrl_c_while_jobs_are_being_submitted_leaves_no_job_unknown_or_unreport
     [submitted] = results(tmp_path)
     assert submitted["status"] == "INTERRUPTED" and submitted["scheduler_id"], output
     assert output.count("not started: the launcher received SIGINT before it was submitted") == 2, output
-    assert not (tmp_path / "1" / ".mmt" / "attempts").exists() or not any((tmp_path / "1" / ".mmt" / "attempts").iterdir())
+    assert not (tmp_path / "1" / ".mmt" / "attempts").exists() or not any(
+        (tmp_path / "1" / ".mmt" / "attempts").iterdir()
+    )
     deadline = time.monotonic() + 30
     while set(_squeue().split()) - before and time.monotonic() < deadline:
         time.sleep(0.5)
     assert set(_squeue().split()) - before == set()
-    state = subprocess.run(["sacct", "-X", "-n", "-P", "-j", submitted["scheduler_id"], "-o", "State"],
-                           capture_output=True, text=True).stdout
+    state = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", submitted["scheduler_id"], "-o", "State"], capture_output=True, text=True
+    ).stdout
     assert state.startswith("CANCELLED"), state
     assert wait_gone(tag, timeout_s=15) == []
 
@@ -167,8 +193,9 @@ def test_a_master_port_another_process_holds_fails_the_job_at_once_naming_it(tmp
     by someone else fails the job in seconds, naming it, instead of a rendezvous that waits for the time limit."""
     from mmt.backends.slurm.task import master_port
 
-    last = subprocess.run(["sacct", "-X", "-n", "-P", "-a", "-S", "2000-01-01", "-o", "JobID"], capture_output=True,
-                          text=True).stdout.split()
+    last = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-a", "-S", "2000-01-01", "-o", "JobID"], capture_output=True, text=True
+    ).stdout.split()
     upcoming = max((int(i) for i in last if i.isdigit()), default=0) + 1
     listeners = []
     for job_id in range(upcoming, upcoming + 5):  # the next job ids (the tests run one at a time)
@@ -196,11 +223,26 @@ def test_commands_on_slurm_run_with_the_launchers_python_and_torchrun_on_a_path_
     bare_path = "/usr/bin:/bin"  # SLURM's commands are there; this environment's python and torchrun are not
     env = app_env(tag, PATH=bare_path)
     env.pop("VIRTUAL_ENV", None)
-    command = ('python -c "import sys, omegaconf; print(sys.executable)" && echo VENV=$VIRTUAL_ENV '
-               '&& echo TORCHRUN_AT=$(command -v torchrun)')
-    done = subprocess.run(app_command("cluster=slurm", "recipe=probe", "num_nodes=2", "devices=1",
-                                      "command_mode=per_rank,per_node", f"command='{command}'", sweep_dir=tmp_path),
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    command = (
+        'python -c "import sys, omegaconf; print(sys.executable)" && echo VENV=$VIRTUAL_ENV '
+        "&& echo TORCHRUN_AT=$(command -v torchrun)"
+    )
+    done = subprocess.run(
+        app_command(
+            "cluster=slurm",
+            "recipe=probe",
+            "num_nodes=2",
+            "devices=1",
+            "command_mode=per_rank,per_node",
+            f"command='{command}'",
+            sweep_dir=tmp_path,
+        ),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     venv_bin = os.path.dirname(os.path.abspath(sys.executable))
     logs = sorted((tmp_path).glob("*/logs/*.log"))
@@ -214,8 +256,7 @@ def test_commands_on_slurm_run_with_the_launchers_python_and_torchrun_on_a_path_
 SLURM_LM = ("cluster=slurm", "num_nodes=2", "devices=2", "hydra.launcher.poll_interval_s=0.5")
 
 
-@pytest.mark.parametrize("tasks, environment", [("per_node", "LightningEnvironment"),
-                                                ("per_rank", "SLURMEnvironment")])
+@pytest.mark.parametrize("tasks, environment", [("per_node", "LightningEnvironment"), ("per_rank", "SLURMEnvironment")])
 def test_lightning_two_by_two_on_slurm_trains_one_model(tasks, environment, tmp_path, tag):
     done = run_app(*SLURM_LM, f"hydra.launcher.tasks={tasks}", sweep_dir=tmp_path, tag=tag, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -243,8 +284,15 @@ def test_requeue_signal_checkpoints_requeues_and_resumes_to_the_uninterrupted_re
     expected = results(tmp_path / "straight")[0]["return_value"]
 
     command = app_command(*SLURM_LM, sweep_dir=tmp_path / "requeued")
-    launcher = subprocess.Popen(command, cwd=REPO, env=app_env(tag), preexec_fn=from_a_terminal,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=app_env(tag),
+        preexec_fn=from_a_terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     metrics = tmp_path / "requeued" / "0" / "metrics.csv"
     _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) > 3, 120, "training to start")
     job_id = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()[0]

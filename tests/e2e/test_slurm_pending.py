@@ -52,8 +52,9 @@ def test_a_job_that_can_never_start_fails_at_once_with_one_line(tmp_path, tag):
     nodes = _cluster_nodes()
     name = f"never-{tag[:6]}"
     started = time.monotonic()
-    done = run_app(*PROBE, f"num_nodes={nodes + 1}", f"hydra.launcher.name={name}", sweep_dir=tmp_path, tag=tag,
-                   timeout=120)
+    done = run_app(
+        *PROBE, f"num_nodes={nodes + 1}", f"hydra.launcher.name={name}", sweep_dir=tmp_path, tag=tag, timeout=120
+    )
     elapsed = time.monotonic() - started
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert elapsed < 40, f"{elapsed:.1f} s"  # the app's own start included; the job itself went within seconds
@@ -81,11 +82,24 @@ def test_a_job_that_can_never_start_fails_at_once_with_one_line(tmp_path, tag):
 def test_a_job_waiting_for_a_reason_that_resolves_shows_it_and_waits(tmp_path, tag):
     name = f"later-{tag[:6]}"
     # begin in ten minutes: SLURM's BeginTime, which resolves by waiting
-    command = app_command(*PROBE, "num_nodes=1", "+hydra.launcher.sbatch_extra.begin=now+600",
-                          f"hydra.launcher.name={name}", sweep_dir=tmp_path)
-    launcher = subprocess.Popen(command, cwd=REPO, env=app_env(tag), preexec_fn=from_a_terminal,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = app_command(
+        *PROBE,
+        "num_nodes=1",
+        "+hydra.launcher.sbatch_extra.begin=now+600",
+        f"hydra.launcher.name={name}",
+        sweep_dir=tmp_path,
+    )
+    launcher = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=app_env(tag),
+        preexec_fn=from_a_terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
+
         def waiting() -> dict:
             time.sleep(0.5)
             row = _row(f"{name}-0")
@@ -95,8 +109,11 @@ def test_a_job_waiting_for_a_reason_that_resolves_shows_it_and_waits(tmp_path, t
         assert (row["status"], row["note"]) == ("Pending", "BeginTime")
         assert "Pending (BeginTime)" in mmt("list").stdout
         inspect = mmt("inspect", f"{name}-0").stdout
-        assert re.search(r"scheduler +waits in the queue since \d\d:\d\d: BeginTime \(its start time has not come "
-                         r"yet\)", inspect), inspect
+        assert re.search(
+            r"scheduler +waits in the queue since \d\d:\d\d: BeginTime \(its start time has not come "
+            r"yet\)",
+            inspect,
+        ), inspect
         job_id = row["scheduler_id"]
         time.sleep(3)
         assert _in_queue(job_id) and launcher.poll() is None  # still waiting: a reason that resolves is not fatal
@@ -104,8 +121,10 @@ def test_a_job_waiting_for_a_reason_that_resolves_shows_it_and_waits(tmp_path, t
         launcher.send_signal(signal.SIGINT)
         output, _ = launcher.communicate(timeout=60)
     assert launcher.returncode == 130, output[-3000:]
-    assert f"mmt: job 0 ({name}-0) waits in SLURM's queue (job {job_id}): BeginTime (its start time has not come " \
-           "yet)" in output
+    assert (
+        f"mmt: job 0 ({name}-0) waits in SLURM's queue (job {job_id}): BeginTime (its start time has not come "
+        "yet)" in output
+    )
     assert results(tmp_path)[0]["status"] == "INTERRUPTED"
     wait_until(lambda: not _in_queue(job_id), 30, "the cancelled job to leave the queue")
 

@@ -52,8 +52,16 @@ def _in_queue(job_ids: List[str]) -> List[str]:
 
 def test_a_detached_job_returns_at_once_and_concludes_itself(tmp_path, tag):
     started = time.monotonic()
-    done = run_app(*PROBE, "recipe.hold_s=6", "hydra.launcher.detach=true", "hydra.launcher.name=far",
-                   "+env.SECRET_TOKEN=s3cr3t-sl", sweep_dir=tmp_path, tag=tag, timeout=60)
+    done = run_app(
+        *PROBE,
+        "recipe.hold_s=6",
+        "hydra.launcher.detach=true",
+        "hydra.launcher.name=far",
+        "+env.SECRET_TOKEN=s3cr3t-sl",
+        sweep_dir=tmp_path,
+        tag=tag,
+        timeout=60,
+    )
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stderr[-3000:]
     assert elapsed < 2 + _startup_s(tmp_path), f"{elapsed:.1f} s"  # returns within 2 s of submission
@@ -65,8 +73,10 @@ def test_a_detached_job_returns_at_once_and_concludes_itself(tmp_path, tag):
     [result] = results(tmp_path)
     assert result["status"] == "COMPLETED" and result["return_value"]["all_reduce"] == 10.0
     # the node agents sampled their own node: node 0 on the cluster's node1, node 1 on node2
-    samples = [[json.loads(line) for line in (tmp_path / "0" / "metrics" / f"node{n}.jsonl").read_text().splitlines()]
-               for n in (0, 1)]
+    samples = [
+        [json.loads(line) for line in (tmp_path / "0" / "metrics" / f"node{n}.jsonl").read_text().splitlines()]
+        for n in (0, 1)
+    ]
     assert all(samples) and [{s["host"] for s in node} for node in samples] == [{"node1"}, {"node2"}]
     # submitit's pickles hold the job's config and env: the owner's only
     pickles = list((tmp_path / ".submitit").rglob("*.pkl"))
@@ -76,10 +86,32 @@ def test_a_detached_job_returns_at_once_and_concludes_itself(tmp_path, tag):
 
 def test_mmt_logs_of_rank_3_shows_rank_3s_own_output(tmp_path, tag):
     name = f"echo-{tag[:6]}"
-    done = subprocess.run([MMT, "run", "--name", name, "--cluster", "slurm", "--num-machines", "2", "--devices", "2",
-                           "--command-mode", "per_rank", "--command", 'echo "from $RANK"', "--detach",
-                           "--set", f"hydra.sweep.dir={tmp_path}"], cwd=REPO, env=app_env(tag), capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [
+            MMT,
+            "run",
+            "--name",
+            name,
+            "--cluster",
+            "slurm",
+            "--num-machines",
+            "2",
+            "--devices",
+            "2",
+            "--command-mode",
+            "per_rank",
+            "--command",
+            'echo "from $RANK"',
+            "--detach",
+            "--set",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        env=app_env(tag),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     wait_until(lambda: _row(name).get("status") == "Completed", 90, "Completed")
     assert mmt("logs", name, "--rank", "3").stdout == "from 3\n"
@@ -95,8 +127,15 @@ def _startup_s(tmp_path) -> float:
 
 
 def test_mmt_stop_cancels_a_detached_job_and_nothing_stays_queued(tmp_path, tag):
-    done = run_app(*PROBE, "recipe.hold_s=120", "hydra.launcher.detach=true", "hydra.launcher.name=halt",
-                   sweep_dir=tmp_path, tag=tag, timeout=60)
+    done = run_app(
+        *PROBE,
+        "recipe.hold_s=120",
+        "hydra.launcher.detach=true",
+        "hydra.launcher.name=halt",
+        sweep_dir=tmp_path,
+        tag=tag,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     wait_until(lambda: _row("halt-0").get("status") == "Running", 60, "Running")
     stopped = mmt("stop", "halt-0")
@@ -112,22 +151,29 @@ def _summary(output: str, sweep_dir: Path) -> List[List[str]]:
     """The summary table an mmt run printed, as lists of cells: its header, then each job's number, overrides, status
     and nodes x devices (its duration and metric differ run to run); then its notes (a failed job's reason), with
     the sweep dir they name as <sweep>."""
-    text = output[output.index(f"mmt summary ({sweep_dir})"):].replace(str(sweep_dir), "<sweep>")
+    text = output[output.index(f"mmt summary ({sweep_dir})") :].replace(str(sweep_dir), "<sweep>")
     lines = text.split("\n\n")[0].splitlines()[1:]
     rows = [line for line in lines[2:] if not line.startswith("  job ")]
     notes = [[line] for line in lines[2:] if line.startswith("  job ")]
     return [re.split(r"\s{2,}", lines[0])] + [re.split(r"\s{2,}", row)[:4] for row in rows] + notes
 
 
-@pytest.mark.parametrize("job, code", [(("recipe.hold_s=3",), 0), (("recipe.fail_rank=3",), 1)],
-                         ids=["completing", "failing"])
+@pytest.mark.parametrize(
+    "job, code", [(("recipe.hold_s=3",), 0), (("recipe.fail_rank=3",), 1)], ids=["completing", "failing"]
+)
 def test_an_attached_sweep_that_loses_its_terminal_runs_on_and_mmt_wait_reattaches(job, code, tmp_path, tag):
     attached = run_app(*PROBE, *job, sweep_dir=tmp_path / "attached", tag=tag, timeout=180)  # the same job, watched
     assert attached.returncode == code, attached.stdout[-3000:] + attached.stderr[-3000:]
     name = f"hup-{tag[:6]}"
-    launcher = subprocess.Popen(app_command(*PROBE, *job, f"hydra.launcher.name={name}", sweep_dir=tmp_path / "hup"),
-                                cwd=REPO, env=app_env(tag), preexec_fn=from_a_terminal, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(
+        app_command(*PROBE, *job, f"hydra.launcher.name={name}", sweep_dir=tmp_path / "hup"),
+        cwd=REPO,
+        env=app_env(tag),
+        preexec_fn=from_a_terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen = ""
     while "submitted as SLURM job" not in seen:  # printed from its watch loop: the jobs are submitted and watched
         line = launcher.stdout.readline()
@@ -146,9 +192,15 @@ def test_an_attached_sweep_that_loses_its_terminal_runs_on_and_mmt_wait_reattach
 
 
 def test_sigterm_to_an_attached_launcher_cancels_its_jobs_like_ctrl_c(tmp_path, tag):
-    launcher = subprocess.Popen(app_command(*PROBE, "recipe.hold_s=120", sweep_dir=tmp_path), cwd=REPO,
-                                env=app_env(tag), preexec_fn=from_a_terminal, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(
+        app_command(*PROBE, "recipe.hold_s=120", sweep_dir=tmp_path),
+        cwd=REPO,
+        env=app_env(tag),
+        preexec_fn=from_a_terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     wait_until(lambda: (tmp_path / "0" / "logs").exists(), 90, "the job to run")
     job_id = json.loads((tmp_path / "0" / ".mmt" / "owner.json").read_text())["scheduler_id"]
     launcher.send_signal(signal.SIGTERM)
@@ -157,16 +209,28 @@ def test_sigterm_to_an_attached_launcher_cancels_its_jobs_like_ctrl_c(tmp_path, 
     assert "SIGTERM received; every rank of every job was stopped" in output
     assert results(tmp_path)[0]["status"] == "INTERRUPTED"
     wait_until(lambda: _in_queue([job_id]) == [], 30, "the job to leave the queue")
-    state = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True,
-                           text=True).stdout
+    state = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True
+    ).stdout
     assert state.startswith("CANCELLED"), state
 
 
 def test_a_launcher_killed_mid_submit_leaves_no_job_pending_forever(tmp_path, tag):
     prefix = f"cut-{tag[:6]}"
-    killed_at_submit(app_command("cluster=slurm", "recipe=probe", "num_nodes=1", "devices=1", "+x=range(0,6)",
-                                 f"hydra.launcher.name={prefix}", sweep_dir=tmp_path), 2, tag,
-                     backend="mmt.backends.slurm.backend:SlurmBackend")
+    killed_at_submit(
+        app_command(
+            "cluster=slurm",
+            "recipe=probe",
+            "num_nodes=1",
+            "devices=1",
+            "+x=range(0,6)",
+            f"hydra.launcher.name={prefix}",
+            sweep_dir=tmp_path,
+        ),
+        2,
+        tag,
+        backend="mmt.backends.slurm.backend:SlurmBackend",
+    )
     listed = mmt("list", "--json")
     assert listed.returncode == 0, listed.stderr
     records = registered(prefix)
@@ -174,15 +238,18 @@ def test_a_launcher_killed_mid_submit_leaves_no_job_pending_forever(tmp_path, ta
     cut_off = sorted(set(records) - set(submitted))
     assert len(records) == 6 and len(submitted) == 2 and len(cut_off) == 4, records
     # every SLURM job of the launch is one the registry knows
-    named = subprocess.run(["squeue", "-h", "-t", "all", "-n", ",".join(f"mmt-{name}" for name in records), "-o",
-                            "%i"], capture_output=True, text=True).stdout.split()
+    named = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-n", ",".join(f"mmt-{name}" for name in records), "-o", "%i"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     assert sorted(named) == sorted(submitted.values())
     rows = {row["name"]: row for row in json.loads(listed.stdout)}
     for name in cut_off:
         assert rows[name]["status"] == "Failed"
         assert "ended before the job was submitted" in records[name]["result"]["error"]
     for name in submitted:  # they run on, unwatched, and conclude themselves
-        wait_until(lambda: _row(name).get("status") == "Completed", 120, f"{name} to complete")
+        wait_until(lambda name=name: _row(name).get("status") == "Completed", 120, f"{name} to complete")
     assert "has already ended (FAILED)" in mmt("stop", cut_off[0]).stdout
     assert mmt("wait", cut_off[0]).returncode == 1
     for name in records:
@@ -192,9 +259,19 @@ def test_a_launcher_killed_mid_submit_leaves_no_job_pending_forever(tmp_path, ta
 
 def test_a_job_submitted_just_before_its_launcher_died_is_found_again(tmp_path, tag):
     prefix = f"lost-{tag[:6]}"
-    done = run_app("cluster=slurm", "recipe=probe", "num_nodes=1", "devices=1", "+x=0,1", "recipe.hold_s=5",
-                   "hydra.launcher.detach=true", f"hydra.launcher.name={prefix}", sweep_dir=tmp_path, tag=tag,
-                   timeout=60)
+    done = run_app(
+        "cluster=slurm",
+        "recipe=probe",
+        "num_nodes=1",
+        "devices=1",
+        "+x=0,1",
+        "recipe.hold_s=5",
+        "hydra.launcher.detach=true",
+        f"hydra.launcher.name={prefix}",
+        sweep_dir=tmp_path,
+        tag=tag,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ids = {name: record["scheduler_id"] for name, record in registered(prefix).items()}
     assert len(ids) == 2 and all(ids.values())
@@ -210,12 +287,17 @@ def test_a_job_submitted_just_before_its_launcher_died_is_found_again(tmp_path, 
     assert {name: rows[name]["scheduler_id"] for name in ids} == ids
     assert {rows[name]["status"] for name in ids} <= {"Pending", "Running"}
     for name in ids:
-        wait_until(lambda: _row(name).get("status") == "Completed", 90, f"{name} to complete")
+        wait_until(lambda name=name: _row(name).get("status") == "Completed", 90, f"{name} to complete")
 
 
 def test_a_rerun_after_a_killed_launcher_never_reads_the_old_jobs_files(tmp_path, tag):
-    launcher = subprocess.Popen(app_command(*PROBE, "recipe.hold_s=15", sweep_dir=tmp_path), cwd=REPO,
-                                env=app_env(tag), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launcher = subprocess.Popen(
+        app_command(*PROBE, "recipe.hold_s=15", sweep_dir=tmp_path),
+        cwd=REPO,
+        env=app_env(tag),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_until(lambda: (tmp_path / "0" / "logs").exists(), 60, "the job to start")
     time.sleep(2)
     launcher.kill()  # SIGKILL: the SLURM job runs on, unwatched
@@ -235,8 +317,15 @@ def test_a_rerun_after_a_killed_launcher_never_reads_the_old_jobs_files(tmp_path
 
 def test_a_detached_job_cancelled_while_it_waits_in_the_queue_is_listed_as_ended(tmp_path, tag):
     # it never starts, so its own last step never runs: `mmt list` concludes it from what SLURM says
-    done = run_app(*PROBE, "hydra.launcher.detach=true", f"hydra.launcher.name=queued-{tag[:6]}",
-                   "+hydra.launcher.sbatch_extra.begin=now+600", sweep_dir=tmp_path, tag=tag, timeout=60)
+    done = run_app(
+        *PROBE,
+        "hydra.launcher.detach=true",
+        f"hydra.launcher.name=queued-{tag[:6]}",
+        "+hydra.launcher.sbatch_extra.begin=now+600",
+        sweep_dir=tmp_path,
+        tag=tag,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     name = f"queued-{tag[:6]}-0"
     wait_until(lambda: _row(name).get("status") == "Pending", 30, "Pending")

@@ -25,17 +25,35 @@ def app_env(tag: Optional[str] = None, **extra: str) -> Dict[str, str]:
     return env
 
 
-def run_app(*overrides: str, sweep_dir: Path, tag: Optional[str] = None, timeout: float = 300,
-            multirun: bool = True, **extra_env: str) -> subprocess.CompletedProcess:
+def run_app(
+    *overrides: str,
+    sweep_dir: Path,
+    tag: Optional[str] = None,
+    timeout: float = 300,
+    multirun: bool = True,
+    **extra_env: str,
+) -> subprocess.CompletedProcess:
     """``python train.py -m <overrides>`` from the repo root, as a user would type it."""
-    return subprocess.run(app_command(*overrides, sweep_dir=sweep_dir, multirun=multirun), cwd=REPO,
-                          env=app_env(tag, **extra_env), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        app_command(*overrides, sweep_dir=sweep_dir, multirun=multirun),
+        cwd=REPO,
+        env=app_env(tag, **extra_env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def run_tune(*overrides: str, run_dir: Path, timeout: float = 300, **extra_env: str) -> subprocess.CompletedProcess:
     """``python tune.py <overrides>`` from the repo root, its Hydra run dir (trial logs) in ``run_dir``."""
-    return subprocess.run([sys.executable, str(REPO / "tune.py"), *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO,
-                          env=app_env(None, **extra_env), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(REPO / "tune.py"), *overrides, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        env=app_env(None, **extra_env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def results(sweep_dir: Path) -> List[dict]:

@@ -24,8 +24,9 @@ def chromium(tmp_path, tag):
     """Debian's headless Chromium via its chromedriver; nothing is downloaded."""
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
     if missing:
-        no_browser(f"no browser to drive: {', '.join(missing)} not installed "
-                   "(apt-get install chromium chromium-driver)")
+        no_browser(
+            f"no browser to drive: {', '.join(missing)} not installed (apt-get install chromium chromium-driver)"
+        )
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
@@ -33,10 +34,18 @@ def chromium(tmp_path, tag):
         no_browser(f"no selenium to drive the browser ({exc}): pip install selenium")
 
     options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run", f"--user-data-dir={tmp_path / 'chromium-profile'}",
-                "--window-size=1400,1000"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        "--window-size=1400,1000",
+    ):
         options.add_argument(arg)
     options.binary_location = str(CHROMIUM)
     # the driver and the browser carry the test's tag: the tag fixture sees any of them left running

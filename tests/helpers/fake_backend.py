@@ -107,14 +107,23 @@ class FakeBackend(Backend[FakeJob], Watcher[FakeJob]):
     def _end(self, handle: FakeJob) -> JobOutcome:
         script = handle.script
         if script.state == JobState.COMPLETED:
-            ret = JobReturn(overrides=list(handle.plan.overrides), _return_value=script.value,
-                            status=JobStatus.COMPLETED)
+            ret = JobReturn(
+                overrides=list(handle.plan.overrides), _return_value=script.value, status=JobStatus.COMPLETED
+            )
             handle.attempt.primary_return.write_bytes(cloudpickle.dumps(ret))
             return JobOutcome(JobState.COMPLETED, 1.5)
         failure = None
         if script.state == JobState.FAILED:
-            failure = RankFailure(rank=script.failing_rank, node_rank=0, exit_code=3, signal=None,
-                                  exception="ValueError: boom", traceback=None, log="/dev/null", whole_node=False)
+            failure = RankFailure(
+                rank=script.failing_rank,
+                node_rank=0,
+                exit_code=3,
+                signal=None,
+                exception="ValueError: boom",
+                traceback=None,
+                log="/dev/null",
+                whole_node=False,
+            )
         return JobOutcome(script.state, 1.5, failure=failure, detail="the fake time limit")
 
     def cancel(self, handle: FakeJob, reason: str) -> None:

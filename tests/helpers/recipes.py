@@ -16,7 +16,24 @@ def install_shared_recipes(root: Path) -> Path:
     source = root / "src"
     shutil.copytree(SHARED_RECIPES, source)  # pip builds in the source tree: keep the repo's copy clean
     site = root / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-input",
-                    "--disable-pip-version-check", "--quiet", "--target", str(site), str(source)],
-                   check=True, capture_output=True, text=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-input",
+            "--disable-pip-version-check",
+            "--quiet",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return site

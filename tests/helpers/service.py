@@ -50,13 +50,21 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def killed_at_submit(command: List[str], nth: int, tag: str, backend: str = "mmt.backends.local.backend:LocalBackend"
-                     ) -> None:
+def killed_at_submit(
+    command: List[str], nth: int, tag: str, backend: str = "mmt.backends.local.backend:LocalBackend"
+) -> None:
     """Run the app ``command`` (``python train.py -m ...``) until it kills itself about to submit job ``nth``."""
     module, name = backend.split(":")
     with tempfile.TemporaryDirectory() as scratch:
         wrapper = Path(scratch) / "killed_at_submit.py"
         wrapper.write_text(KILLED_AT_SUBMIT.format(module=module, backend=name, nth=nth))
-        launcher = subprocess.run([sys.executable, str(wrapper), *command[1:]], cwd=REPO, env=app_env(tag),
-                                  capture_output=True, text=True, timeout=120, start_new_session=True)
+        launcher = subprocess.run(
+            [sys.executable, str(wrapper), *command[1:]],
+            cwd=REPO,
+            env=app_env(tag),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            start_new_session=True,
+        )
     assert launcher.returncode == -signal.SIGKILL, launcher.stderr[-3000:]

@@ -41,7 +41,7 @@ def test_no_import_cycle_in_the_engine():
         state[name] = 1
         for dep in sorted(graph[name]):
             if state.get(dep) == 1 and not name.startswith(dep + ".") and not dep.startswith(name + "."):
-                cycles.append(path[path.index(dep):] + [dep] if dep in path else path + [dep])
+                cycles.append(path[path.index(dep) :] + [dep] if dep in path else path + [dep])
             elif dep not in state:
                 visit(dep, path + [dep])
         state[name] = 2
@@ -54,13 +54,33 @@ def test_no_import_cycle_in_the_engine():
 
 def test_the_folders_show_the_stages_and_the_processes():
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert {"core", "planning", "records", "launching", "backends", "agent", "worker", "tune", "service", "cli",
-            "monitor", "dashboard", "conf"} <= folders
-    assert {p.name for p in (PACKAGE / "backends").iterdir() if p.is_dir() and not p.name.startswith("_")} == \
-        {"local", "slurm"}
+    assert {
+        "core",
+        "planning",
+        "records",
+        "launching",
+        "backends",
+        "agent",
+        "worker",
+        "tune",
+        "service",
+        "cli",
+        "monitor",
+        "dashboard",
+        "conf",
+    } <= folders
+    assert {p.name for p in (PACKAGE / "backends").iterdir() if p.is_dir() and not p.name.startswith("_")} == {
+        "local",
+        "slurm",
+    }
     plugin = REPO / "launcher_plugin" / "hydra_plugins" / "mmt_launcher"
-    assert sorted(p.name for p in plugin.glob("*.py")) == ["__init__.py", "_core.py", "config.py", "mmt_launcher.py",
-                                                          "mmt_searchpath.py"]
+    assert sorted(p.name for p in plugin.glob("*.py")) == [
+        "__init__.py",
+        "_core.py",
+        "config.py",
+        "mmt_launcher.py",
+        "mmt_searchpath.py",
+    ]
 
 
 def test_a_slurm_node_agent_gives_every_rank_the_nodes_gpus_and_its_local_rank(monkeypatch):
@@ -71,11 +91,29 @@ def test_a_slurm_node_agent_gives_every_rank_the_nodes_gpus_and_its_local_rank(m
     from mmt.planning.machine import Machine
     from mmt.planning.plan import JobPlan
 
-    plan = JobPlan(num=0, name="g-0", job_id="g", overrides=(), job_dir="/tmp/g", num_nodes=2, devices=2,
-                   machine=Machine(name="t4_x_2", accelerator="gpu", gpus=2), image=None, command=None,
-                   command_mode="per_node", env={}, timeout_s=60.0)
-    task = SlurmTask(plan=plan, attempt_dir="/tmp/g/.mmt/attempts/a", per_node_tasks=True, kill_grace_s=1.0,
-                     start_method="fork", max_requeues=0)
+    plan = JobPlan(
+        num=0,
+        name="g-0",
+        job_id="g",
+        overrides=(),
+        job_dir="/tmp/g",
+        num_nodes=2,
+        devices=2,
+        machine=Machine(name="t4_x_2", accelerator="gpu", gpus=2),
+        image=None,
+        command=None,
+        command_mode="per_node",
+        env={},
+        timeout_s=60.0,
+    )
+    task = SlurmTask(
+        plan=plan,
+        attempt_dir="/tmp/g/.mmt/attempts/a",
+        per_node_tasks=True,
+        kill_grace_s=1.0,
+        start_method="fork",
+        max_requeues=0,
+    )
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
     monkeypatch.setenv("SLURM_PROCID", "1")
     facts = {"job_id": "7", "node": "1", "nodelist": "node[1-2]", "cpus_on_node": "8", "restarts": "0"}
@@ -91,12 +129,30 @@ def test_only_jobdir_spells_the_names_in_a_job_or_sweep_dir():
     import mmt
 
     package = Path(mmt.__file__).parent
-    names = ("attempts", "owner.json", "lock", "plan.pkl", "job.pkl", "job.json", "return.pkl", "result.json",
-             "metrics.csv", "summary.csv", "summary.png", "multirun.yaml", "logs", "metrics", "checkpoints")
+    names = (
+        "attempts",
+        "owner.json",
+        "lock",
+        "plan.pkl",
+        "job.pkl",
+        "job.json",
+        "return.pkl",
+        "result.json",
+        "metrics.csv",
+        "summary.csv",
+        "summary.png",
+        "multirun.yaml",
+        "logs",
+        "metrics",
+        "checkpoints",
+    )
     spelled = re.compile(r"""/ ?["'](%s)["']|["']\.mmt["']""" % "|".join(re.escape(n) for n in names))
     allowed = {"core/jobdir.py", "records/registry.py"}
-    offenders = [f"{path.relative_to(package)}:{number}: {line.strip()}"
-                 for path in sorted(package.rglob("*.py"))
-                 if str(path.relative_to(package)) not in allowed and path.parent.name != "tune"
-                 for number, line in enumerate(path.read_text().splitlines(), 1) if spelled.search(line)]
+    offenders = [
+        f"{path.relative_to(package)}:{number}: {line.strip()}"
+        for path in sorted(package.rglob("*.py"))
+        if str(path.relative_to(package)) not in allowed and path.parent.name != "tune"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if spelled.search(line)
+    ]
     assert offenders == [], "\n".join(offenders)

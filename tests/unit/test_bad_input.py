@@ -23,25 +23,40 @@ CASES = [
     (["num_nodes=-1"], "Invalid num_nodes=-1: expected a whole number >= 1"),
     (["num_nodes=two"], "Invalid num_nodes='two': expected a whole number >= 1. HINT"),
     (["devices=0"], "Invalid devices=0: expected a whole number >= 1"),
-    (["machine=a100_x_8", "devices=16"], "Invalid devices=16: machine 'a100_x_8' has 8 GPUs per node. HINT: use devices<=8"),
+    (
+        ["machine=a100_x_8", "devices=16"],
+        "Invalid devices=16: machine 'a100_x_8' has 8 GPUs per node. HINT: use devices<=8",
+    ),
     (["command=''"], "Invalid command='': expected a non-empty shell command, or null to run the recipe. HINT"),
     (["command='   '"], "Invalid command='   ': expected a non-empty shell command"),
     (["+env.BAD-NAME=1"], "Invalid env.BAD-NAME=***: environment variable names are letters, digits and _"),
     (["+env.RANK=3"], "Invalid env.RANK=***: RANK belongs to the rank contract the launcher sets"),
     # names the launcher scrubs from every rank: set here, Lightning would take the job for a SLURM or torchrun one
-    (["+env.SLURM_NTASKS=8"], "Invalid env.SLURM_NTASKS=***: SLURM_* variables are removed from every rank's "
-                              "environment"),
+    (
+        ["+env.SLURM_NTASKS=8"],
+        "Invalid env.SLURM_NTASKS=***: SLURM_* variables are removed from every rank's environment",
+    ),
     (["+env.TORCHELASTIC_RUN_ID=x"], "Invalid env.TORCHELASTIC_RUN_ID=***: TORCHELASTIC_* variables are removed"),
-    (["+env.PL_TRAINER_NUM_NODES=4"], "Invalid env.PL_TRAINER_NUM_NODES=***: PL_TRAINER_NUM_NODES belongs to the "
-                                      "rank contract"),
+    (
+        ["+env.PL_TRAINER_NUM_NODES=4"],
+        "Invalid env.PL_TRAINER_NUM_NODES=***: PL_TRAINER_NUM_NODES belongs to the rank contract",
+    ),
     (["+env.PL_TRAINER_STRATEGY=ddp_spawn"], "Invalid env.PL_TRAINER_STRATEGY=***: mmt starts every rank itself"),
-    (["hydra.launcher.master_addr='bad host'"], "Invalid hydra.launcher.master_addr='bad host': expected an IP "
-                                                "address or a host name"),
-    (["command_mode=sometimes", "command='true'"], "Invalid command_mode='sometimes': expected one of per_node, per_rank"),
+    (
+        ["hydra.launcher.master_addr='bad host'"],
+        "Invalid hydra.launcher.master_addr='bad host': expected an IP address or a host name",
+    ),
+    (
+        ["command_mode=sometimes", "command='true'"],
+        "Invalid command_mode='sometimes': expected one of per_node, per_rank",
+    ),
     (["hydra.launcher.timeout_min=0"], "Invalid hydra.launcher.timeout_min=0.0: expected a number > 0"),
     (["hydra.launcher.start_method=vfork"], "Invalid value 'vfork', expected one of [fork, spawn]"),
-    (["image=nvcr.io/nvidia/pytorch:24.05-py3"], "Invalid image='nvcr.io/nvidia/pytorch:24.05-py3': cluster=local "
-                                                 "runs every node in this host's Python environment"),
+    (
+        ["image=nvcr.io/nvidia/pytorch:24.05-py3"],
+        "Invalid image='nvcr.io/nvidia/pytorch:24.05-py3': cluster=local "
+        "runs every node in this host's Python environment",
+    ),
     (["machine=h100_x_8", "num_nodes=2"], "Invalid machine='h100_x_8': 2 nodes x 8 GPUs need 16 GPUs on this host"),
 ]
 
@@ -54,8 +69,16 @@ def refusal(overrides: List[str], job_dir: Path) -> Exception:
         config = compose_train("recipe=probe", *overrides)
         launcher_cfg = config.hydra.launcher
         backend = make_backend(launcher_cfg)
-        plan = plan_job(launcher_cfg, num=0, name="train-0", job_id="unit-0", overrides=list(overrides),
-                        job_dir=str(job_dir), limits=backend.limits, launcher_env=os.environ)
+        plan = plan_job(
+            launcher_cfg,
+            num=0,
+            name="train-0",
+            job_id="unit-0",
+            overrides=list(overrides),
+            job_dir=str(job_dir),
+            limits=backend.limits,
+            launcher_env=os.environ,
+        )
         refuse_unrunnable(backend, [plan])
     except Exception as exc:  # noqa: BLE001 - what was raised is what the test looks at
         return exc

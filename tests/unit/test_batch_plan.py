@@ -52,14 +52,18 @@ def test_indivisible_global_batch_names_the_node_counts_that_work():
     assert str(caught.value) == (
         "Invalid batch.global_size=96: must be divisible by the world size 10 (5 nodes x 2 devices) so that every "
         "rank takes the same share of each optimizer step. HINT: with devices=2, num_nodes=1,2,3,4,6,8,12,16,24,48 "
-        "divide it; or keep num_nodes=5 and set batch.global_size=90 or 100")
+        "divide it; or keep num_nodes=5 and set batch.global_size=90 or 100"
+    )
 
 
 def test_forced_micro_batch_must_divide_and_fit():
     plan = _plan(64, 2, 2, micro=8)
     assert (plan.micro, plan.accumulate) == (8, 2) and "batch.micro forced 8" in plan.limit_source
-    with pytest.raises(ConfigError, match=r"Invalid batch.micro=32: must divide .* = 16 and be <= the limit 16 .*"
-                                          r"HINT: use one of 1, 2, 4, 8, 16"):
+    with pytest.raises(
+        ConfigError,
+        match=r"Invalid batch.micro=32: must divide .* = 16 and be <= the limit 16 .*"
+        r"HINT: use one of 1, 2, 4, 8, 16",
+    ):
         _plan(64, 2, 2, micro=32)
     with pytest.raises(ConfigError, match=r"Invalid batch.micro=3: must divide"):
         _plan(64, 2, 2, micro=3)
@@ -70,15 +74,25 @@ def test_bad_batch_sections_are_refused():
         _plan(0, 1, 1)
     with pytest.raises(ConfigError, match=r"Invalid batch.globl_size=64: not a batch key"):
         plan_batch({"globl_size": 64}, machine=CPU, num_nodes=1, devices=1)
-    with pytest.raises(ConfigError, match=r"Invalid batch.table='pkg://no_such_package_x/t.yaml': package "
-                                          r"'no_such_package_x'.*cannot be found"):
+    with pytest.raises(
+        ConfigError,
+        match=r"Invalid batch.table='pkg://no_such_package_x/t.yaml': package "
+        r"'no_such_package_x'.*cannot be found",
+    ):
         _plan(64, 1, 1, table="pkg://no_such_package_x/t.yaml")
 
 
 def _entry(machine, memory, micro, precision="32-true"):
-    return {"recipe": "lm", "machine": machine, "precision": precision, "memory_per_device_gb": memory,
-            "micro_batch": micro, "tuned_at": "2026-01-02", "versions": {"torch": "2.13.0", "lightning": "2.6.6"},
-            "samples_per_s": 123.0}
+    return {
+        "recipe": "lm",
+        "machine": machine,
+        "precision": precision,
+        "memory_per_device_gb": memory,
+        "micro_batch": micro,
+        "tuned_at": "2026-01-02",
+        "versions": {"torch": "2.13.0", "lightning": "2.6.6"},
+        "samples_per_s": 123.0,
+    }
 
 
 def test_the_limit_comes_from_the_tuned_entry_for_the_jobs_memory_per_device(tmp_path):
@@ -89,12 +103,17 @@ def test_the_limit_comes_from_the_tuned_entry_for_the_jobs_memory_per_device(tmp
     write_entry(table, _entry("cpu", 8.0, 8))  # same key: replaces the 12
     entries = yaml.safe_load(table.read_text())["entries"]
     assert [(e["machine"], e["memory_per_device_gb"], e["micro_batch"]) for e in entries] == [
-        ("a100_x_8", 40.0, 64), ("cpu", 8.0, 8), ("cpu", 16.0, 32)]
+        ("a100_x_8", 40.0, 64),
+        ("cpu", 8.0, 8),
+        ("cpu", 16.0, 32),
+    ]
     where = str(table)
     one = _plan(256, 1, 1, table=where)  # 16 GiB per device
     assert (one.limit, one.micro, one.accumulate) == (32, 32, 8)
-    assert one.limit_source.startswith("tuned for lm/cpu/32-true with 16 GiB per device, tuned 2026-01-02, torch "
-                                       "2.13.0, lightning 2.6.6, 123 samples/s")
+    assert one.limit_source.startswith(
+        "tuned for lm/cpu/32-true with 16 GiB per device, tuned 2026-01-02, torch "
+        "2.13.0, lightning 2.6.6, 123 samples/s"
+    )
     assert _plan(256, 1, 2, table=where).limit == 8  # 8 GiB per device: the 16 GiB entry would overcommit
     four = _plan(256, 1, 4, table=where)  # 4 GiB per device: nothing tuned that small
     assert four.limit == 16 and "tuned with more than this job's 4 GiB per device" in four.limit_source
@@ -105,8 +124,15 @@ def test_the_limit_comes_from_the_tuned_entry_for_the_jobs_memory_per_device(tmp
 
 def test_every_rank_reads_the_plan_back():
     plan = _plan(64, 2, 2, micro=8)
-    env = contract_env(RankPlace(1, 1, 2, 2), per_node=False, master_addr="127.0.0.1", master_port=1, job_dir="/j",
-                       job_id="x", extra=plan.env())
+    env = contract_env(
+        RankPlace(1, 1, 2, 2),
+        per_node=False,
+        master_addr="127.0.0.1",
+        master_port=1,
+        job_dir="/j",
+        job_id="x",
+        extra=plan.env(),
+    )
     info = RankInfo.from_env(env)
     assert (info.global_batch_size, info.micro_batch_size, info.grad_accum) == (64, 8, 2)
     assert info.batch_sizes() == (8, 2) and info.batch_sizes(8) == (8, 2)

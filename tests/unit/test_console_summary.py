@@ -43,13 +43,22 @@ def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Registry:
 
 
 def _plan(sweep: Path, num: int, name: str, overrides: Optional[List[str]] = None, **app: Any) -> JobPlan:
-    return plan_job(launcher_cfg(**app), num=num, name=name, job_id=f"{name}-id", overrides=overrides or [f"x={num}"],
-                    job_dir=str(sweep / str(num)), limits=Limits(8, 8, 64, "test"), launcher_env={})
+    return plan_job(
+        launcher_cfg(**app),
+        num=num,
+        name=name,
+        job_id=f"{name}-id",
+        overrides=overrides or [f"x={num}"],
+        job_dir=str(sweep / str(num)),
+        limits=Limits(8, 8, 64, "test"),
+        launcher_env={},
+    )
 
 
 def _job(plan: JobPlan) -> engine.PreparedJob:
-    return engine.PreparedJob(JobPayload(plan=plan, callbacks=None, task_function=None, config=None,
-                                         singleton_state=None))
+    return engine.PreparedJob(
+        JobPayload(plan=plan, callbacks=None, task_function=None, config=None, singleton_state=None)
+    )
 
 
 def _launch(sweep: Path, plans: List[JobPlan], backend: FakeBackend, registry: Optional[Registry] = None) -> str:
@@ -57,8 +66,9 @@ def _launch(sweep: Path, plans: List[JobPlan], backend: FakeBackend, registry: O
     out = io.StringIO()
     console = Console(out)
     try:
-        engine.launch([_job(p) for p in plans], backend, engine.LaunchOptions(sweep_dir=sweep, registry=registry),
-                      console)
+        engine.launch(
+            [_job(p) for p in plans], backend, engine.LaunchOptions(sweep_dir=sweep, registry=registry), console
+        )
     finally:
         console.close()
     return out.getvalue()
@@ -86,33 +96,46 @@ class WritingBackend(FakeBackend):
         if outcome.failure is not None:
             failure = outcome.failure
             log = JobDir(Path(handle.plan.job_dir)).log(0, failure.rank, False)
-            outcome.failure = RankFailure(rank=failure.rank, node_rank=0, exit_code=failure.exit_code, signal=None,
-                                          exception=failure.exception, traceback=None, log=str(log))
+            outcome.failure = RankFailure(
+                rank=failure.rank,
+                node_rank=0,
+                exit_code=failure.exit_code,
+                signal=None,
+                exception=failure.exception,
+                traceback=None,
+                log=str(log),
+            )
         return outcome
 
 
 # ------------------------------------------------------------------------------ 7. a rerun into the same dir
 
 
-EARLIER = ["Traceback (most recent call last):", '  File "train.py", line 9, in main',
-           "EarlierRunError: the earlier run's own failure"]
+EARLIER = [
+    "Traceback (most recent call last):",
+    '  File "train.py", line 9, in main',
+    "EarlierRunError: the earlier run's own failure",
+]
 
 
 def test_a_rerun_into_the_same_dir_shows_only_its_own_output_and_its_own_failure(
-        tmp_path: Path, registry: Registry) -> None:
+    tmp_path: Path, registry: Registry
+) -> None:
     first = WritingBackend(FakeSettings(scripts={0: Script(state=JobState.FAILED, failing_rank=1)}), EARLIER)
     _launch(tmp_path, [_plan(tmp_path, 0, "first")], first, registry)
     earlier_attempt = read_json(JobDir(tmp_path / "0").result)["attempt"]
 
     # the same job dir again (a fixed hydra.sweep.dir, a name reused after `mmt delete`, a resume from last.ckpt):
     # this run's failing rank writes two lines and no traceback
-    second = WritingBackend(FakeSettings(scripts={0: Script(state=JobState.FAILED, failing_rank=1)}),
-                            ["this run's own line", "this run's last line"])
+    second = WritingBackend(
+        FakeSettings(scripts={0: Script(state=JobState.FAILED, failing_rank=1)}),
+        ["this run's own line", "this run's last line"],
+    )
     shown = _launch(tmp_path, [_plan(tmp_path, 0, "second")], second, registry)
 
     assert "EarlierRunError" not in shown and "Traceback" not in shown, shown  # neither followed nor in the tail
     assert "rank 0: this run's own line" in shown  # rank 0, followed from this attempt's start
-    tail = shown[shown.index("--- last lines of"):]
+    tail = shown[shown.index("--- last lines of") :]
     assert "rank 1: this run's last line" in tail
     # the earlier run's logs are set aside, whole, under its attempt; logs/ holds this attempt's only
     logs = JobDir(tmp_path / "0").logs
@@ -138,8 +161,10 @@ def test_a_job_dir_without_earlier_logs_sets_nothing_aside(tmp_path: Path) -> No
 def test_a_returned_number_is_labelled_with_the_key_it_is_everywhere(tmp_path: Path) -> None:
     # lightning-hydra-template: optimized_metric: val/acc_best, and its task returns that metric's float; the
     # launcher's summary_metric (launcher_cfg sets "loss") names a key of a dict the job never returned
-    plans = [_plan(tmp_path, num, f"tpl-{num}", overrides=[f"model.lr={num + 1}"], optimized_metric="val/acc_best")
-             for num in range(2)]
+    plans = [
+        _plan(tmp_path, num, f"tpl-{num}", overrides=[f"model.lr={num + 1}"], optimized_metric="val/acc_best")
+        for num in range(2)
+    ]
     backend = FakeBackend(FakeSettings(scripts={0: Script(value=0.875), 1: Script(value=0.9)}))
     shown = _launch(tmp_path, plans, backend)
 
@@ -172,14 +197,23 @@ def _third_party(*overrides: str) -> Any:
         return compose("train", overrides=list(overrides), return_hydra_config=True)
 
 
-@pytest.mark.parametrize("override, key, value", [
-    ("trainer.strategy=ddp_spawn", "trainer.strategy", "ddp_spawn"),
-    ("trainer.strategy=ddp_notebook", "trainer.strategy", "ddp_notebook"),
-    ("trainer.strategy=ddp_fork_find_unused_parameters_true", "trainer.strategy",
-     "ddp_fork_find_unused_parameters_true"),
-    ("trainer.strategy={_target_:lightning.pytorch.strategies.DDPStrategy,start_method:spawn}",
-     "trainer.strategy.start_method", "spawn"),
-])
+@pytest.mark.parametrize(
+    "override, key, value",
+    [
+        ("trainer.strategy=ddp_spawn", "trainer.strategy", "ddp_spawn"),
+        ("trainer.strategy=ddp_notebook", "trainer.strategy", "ddp_notebook"),
+        (
+            "trainer.strategy=ddp_fork_find_unused_parameters_true",
+            "trainer.strategy",
+            "ddp_fork_find_unused_parameters_true",
+        ),
+        (
+            "trainer.strategy={_target_:lightning.pytorch.strategies.DDPStrategy,start_method:spawn}",
+            "trainer.strategy.start_method",
+            "spawn",
+        ),
+    ],
+)
 def test_a_strategy_that_starts_its_own_processes_is_refused_in_one_line(override: str, key: str, value: str) -> None:
     config = _third_party(override)  # the job's composed config, as the launcher plans it
     with pytest.raises(ConfigError) as refused:
@@ -191,8 +225,16 @@ def test_a_strategy_that_starts_its_own_processes_is_refused_in_one_line(overrid
 
 
 def test_the_templates_ddp_sim_and_a_fabric_are_refused_and_plain_ddp_is_not() -> None:
-    ddp_sim = OmegaConf.create({"trainer": {"_target_": "lightning.pytorch.trainer.Trainer", "accelerator": "cpu",
-                                            "devices": 2, "strategy": "ddp_spawn"}})
+    ddp_sim = OmegaConf.create(
+        {
+            "trainer": {
+                "_target_": "lightning.pytorch.trainer.Trainer",
+                "accelerator": "cpu",
+                "devices": 2,
+                "strategy": "ddp_spawn",
+            }
+        }
+    )
     with pytest.raises(ConfigError, match=r"Invalid trainer.strategy='ddp_spawn'"):
         check_strategies(ddp_sim)
     fabric = OmegaConf.create({"recipe": {"fabric": {"_target_": "lightning.fabric.Fabric", "strategy": "ddp_fork"}}})
@@ -203,11 +245,20 @@ def test_the_templates_ddp_sim_and_a_fabric_are_refused_and_plain_ddp_is_not() -
         check_strategies(strategy_group)
     # what runs under mmt: ddp, auto, a DDPStrategy without a spawning start method; a strategy outside a
     # trainer; the hydra node; an interpolation that does not resolve here (the rank names it)
-    for fine in (_third_party(), _third_party("trainer=ddp"), _third_party("trainer.strategy=auto"),
-                 OmegaConf.create({"trainer": {"strategy": {"_target_": "lightning.pytorch.strategies.DDPStrategy",
-                                                            "find_unused_parameters": True}}}),
-                 OmegaConf.create({"search": {"strategy": "spawn_many"}}),
-                 OmegaConf.create({"trainer": {"strategy": "${oc.env:MMT_TEST_NOT_SET_ANYWHERE}"}})):
+    for fine in (
+        _third_party(),
+        _third_party("trainer=ddp"),
+        _third_party("trainer.strategy=auto"),
+        OmegaConf.create(
+            {
+                "trainer": {
+                    "strategy": {"_target_": "lightning.pytorch.strategies.DDPStrategy", "find_unused_parameters": True}
+                }
+            }
+        ),
+        OmegaConf.create({"search": {"strategy": "spawn_many"}}),
+        OmegaConf.create({"trainer": {"strategy": "${oc.env:MMT_TEST_NOT_SET_ANYWHERE}"}}),
+    ):
         check_strategies(fine)
 
 
@@ -217,13 +268,19 @@ def test_the_templates_ddp_sim_and_a_fabric_are_refused_and_plain_ddp_is_not() -
 def test_control_sequences_of_an_exception_never_reach_the_summary(tmp_path: Path) -> None:
     class Colourful(FakeBackend):
         def _end(self, handle: FakeJob) -> JobOutcome:
-            failure = RankFailure(rank=1, node_rank=0, exit_code=1, signal=None, log="/dev/null",
-                                  exception="\x1b[1;31mValueError\x1b[0m: \x1b]0;pwned\x07bad \x1b[4mvalue\x1b[0m\x07",
-                                  traceback=None)
+            failure = RankFailure(
+                rank=1,
+                node_rank=0,
+                exit_code=1,
+                signal=None,
+                log="/dev/null",
+                exception="\x1b[1;31mValueError\x1b[0m: \x1b]0;pwned\x07bad \x1b[4mvalue\x1b[0m\x07",
+                traceback=None,
+            )
             return JobOutcome(JobState.FAILED, 1.0, failure=failure)
 
     shown = _launch(tmp_path, [_plan(tmp_path, 0, "ansi")], Colourful(FakeSettings()))
-    summary = shown[shown.index("mmt summary"):]
+    summary = shown[shown.index("mmt summary") :]
     assert "\x1b" not in summary and "\x07" not in summary, repr(summary)
     assert "raised ValueError: bad value" in summary
     note = list(csv.DictReader(io.StringIO(SweepDir(tmp_path).summary_csv.read_text())))[0]["note"]
@@ -233,7 +290,7 @@ def test_control_sequences_of_an_exception_never_reach_the_summary(tmp_path: Pat
 def test_the_overrides_column_stays_one_short_line_and_summary_csv_keeps_them_whole(tmp_path: Path) -> None:
     long = ["num_nodes=1", f"command='python train.py {'--flag ' * 60}\nsecond line'", "+x=last"]
     shown = _launch(tmp_path, [_plan(tmp_path, 0, "long", overrides=long)], FakeBackend(FakeSettings()))
-    summary = shown[shown.index("mmt summary"):].split("\n\n")[0].splitlines()
+    summary = shown[shown.index("mmt summary") :].split("\n\n")[0].splitlines()
     row = next(line for line in summary if line.startswith("0  "))
     cells = row.split("  ")
     assert cells[1].startswith("num_nodes=1 command=") and cells[1].endswith("+x=last") and " ... " in cells[1]
@@ -259,7 +316,8 @@ def test_a_fast_writer_cut_off_at_the_end_of_its_job_is_counted_not_dropped_sile
 
 
 def test_lines_the_console_dropped_are_counted_even_when_nothing_is_written_after_them(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(console_module, "_QUEUE", 8)
     release = threading.Event()
 

@@ -15,8 +15,17 @@ import pytest
 
 from helpers import browser
 from helpers.browser import chromium
-from helpers.dashboard import (FAILURE, SECRET, TestClient, client_for, job_id, make_job, make_outputs,
-                               result_record, sample)
+from helpers.dashboard import (
+    FAILURE,
+    SECRET,
+    TestClient,
+    client_for,
+    job_id,
+    make_job,
+    make_outputs,
+    result_record,
+    sample,
+)
 from mmt.dashboard import data, server
 from mmt.dashboard.app import STATIC_DIR
 
@@ -34,8 +43,11 @@ def test_discovery_finds_job_dirs_under_a_parent_a_sweep_or_a_job_and_groups_the
     sweep = outputs / "multirun" / "2026-12-02" / "10-47-40"
     found = data.discover([outputs])
     assert [p.relative_to(outputs.resolve()).as_posix() for p in found] == [
-        "multirun/2026-12-02/10-47-40/0", "multirun/2026-12-02/10-47-40/1", "multirun/2026-12-02/10-47-40/2",
-        "multirun/2026-12-02/11-00-00/0"]
+        "multirun/2026-12-02/10-47-40/0",
+        "multirun/2026-12-02/10-47-40/1",
+        "multirun/2026-12-02/10-47-40/2",
+        "multirun/2026-12-02/11-00-00/0",
+    ]
     assert data.discover([sweep]) == found[:3]
     assert data.discover([sweep / "1"]) == [found[1]]
     # too deep, hidden (.submitit), or behind a symlinked dir: not searched
@@ -49,7 +61,9 @@ def test_discovery_finds_job_dirs_under_a_parent_a_sweep_or_a_job_and_groups_the
 
     groups = data.sweeps({data.opaque_id(p): p for p in found})
     assert [(g["path"], [j["num"] for j in g["jobs"]]) for g in groups] == [
-        (str(sweep.resolve()), ["0", "1", "2"]), (str(found[3].parent), ["0"])]
+        (str(sweep.resolve()), ["0", "1", "2"]),
+        (str(found[3].parent), ["0"]),
+    ]
     assert groups[0]["counts"] == {"COMPLETED": 2, "FAILED": 1}
 
 
@@ -62,22 +76,25 @@ def test_status_topology_and_metric_of_running_and_finished_jobs(outputs, tmp_pa
 
     running = data.job_summary("x", (outputs / "multirun" / "2026-12-02" / "11-00-00" / "0").resolve())
     # topology of a running job: its composed config and its log names (devices=null: from the 4 rank logs)
-    assert (running["status"], running["num_nodes"], running["devices"], running["machine"]) == \
-        ("RUNNING", 2, 2, "cpu")
+    assert (running["status"], running["num_nodes"], running["devices"], running["machine"]) == ("RUNNING", 2, 2, "cpu")
     assert 4 <= running["duration_s"] < 60 and running["metric"] is None and running["name"] == "train-run"
     assert running["overrides"] == ["num_nodes=2"]
 
     # a result of an older attempt under a live owner: running again (a requeued job); same attempt: finished
-    job = make_job(tmp_path / "s" / "0", result=result_record(0, attempt="old"),
-                   owner={"attempt": "new", "started": time.time()})
+    job = make_job(
+        tmp_path / "s" / "0", result=result_record(0, attempt="old"), owner={"attempt": "new", "started": time.time()}
+    )
     assert data.job_summary("x", job)["status"] == "RUNNING"
     (job / ".mmt" / "owner.json").write_text(json.dumps({"attempt": "old"}))
     assert data.job_summary("x", job)["status"] == "COMPLETED"
     never_started = make_job(tmp_path / "s" / "1", logs={"node0.log": ""})
     assert data.job_summary("x", never_started)["status"] == "PENDING"
     # topology from the log names alone; a per-node command's log says nothing about devices
-    only_logs = make_job(tmp_path / "s" / "2", owner={"attempt": "a"},
-                         logs={"node0.rank0.log": "", "node0.rank1.log": "", "node0.rank2.log": ""})
+    only_logs = make_job(
+        tmp_path / "s" / "2",
+        owner={"attempt": "a"},
+        logs={"node0.rank0.log": "", "node0.rank1.log": "", "node0.rank2.log": ""},
+    )
     assert data.job_summary("x", only_logs)[("num_nodes")] == 1
     assert data.job_summary("x", only_logs)["devices"] == 3
     # metric: a number returned, a result from before summary_metric was recorded, a non-finite value
@@ -85,8 +102,9 @@ def test_status_topology_and_metric_of_running_and_finished_jobs(outputs, tmp_pa
     assert data.metric({"return_value": {"val_loss": 2.0}}) == ("val_loss", 2.0)
     assert data.metric({"return_value": {"acc": "nan"}, "summary_metric": "acc"}) == ("acc", None)
     # NaN written by another tool: read (Python's json allows it), sent as null (JSON does not)
-    (job / "result.json").write_text('{"status": "COMPLETED", "attempt": "old", "duration_s": NaN, '
-                                     '"return_value": {"loss": NaN}}')
+    (job / "result.json").write_text(
+        '{"status": "COMPLETED", "attempt": "old", "duration_s": NaN, "return_value": {"loss": NaN}}'
+    )
     assert data.job_detail("x", job)["return_value"] == {"loss": None}
     assert data.job_summary("x", job)["duration_s"] is None
 
@@ -100,11 +118,20 @@ def test_node_metrics_ignore_a_partial_last_line_and_draw_no_gpus_where_none_are
     assert node["series"]["job_cpu_percent"] == [180.0] * 5
     assert node["gpus"] == []  # a CPU node: no GPU series at all, not zeros
 
-    gpu = {"index": 0, "name": "NVIDIA H100", "util_percent": 97.0, "mem_used_bytes": 70 << 30,
-           "mem_total_bytes": 80 << 30, "power_w": 650.5, "temp_c": 71.0}
+    gpu = {
+        "index": 0,
+        "name": "NVIDIA H100",
+        "util_percent": 97.0,
+        "mem_used_bytes": 70 << 30,
+        "mem_total_bytes": 80 << 30,
+        "power_w": 650.5,
+        "temp_c": 71.0,
+    }
     (job / "metrics" / "node1.jsonl").write_text(
-        sample(1000.0, 1, [gpu, {**gpu, "index": 1, "util_percent": 12.0}]) + sample(1001.0, 1, [gpu])
-        + sample(1002.0, 1, [{**gpu, "power_w": float("nan")}]))
+        sample(1000.0, 1, [gpu, {**gpu, "index": 1, "util_percent": 12.0}])
+        + sample(1001.0, 1, [gpu])
+        + sample(1002.0, 1, [{**gpu, "power_w": float("nan")}])
+    )
     _, node1 = data.node_metrics(job)
     assert [g["index"] for g in node1["gpus"]] == [0, 1]
     assert node1["gpus"][0]["series"]["util_percent"] == [97.0, 97.0, 97.0]
@@ -122,8 +149,7 @@ def test_training_curves_from_lightning_and_mmt_csv(tmp_path):
     lightning = "epoch,step,train_loss,val_loss\n0,0,9.2,\n0,1,9.0,\n0,1,,8.5\n0,2,8.7,\n0,3,8.4"
     curves = data.training_curves(make_job(tmp_path / "0", csv=lightning))
     # the row still being written (no newline) is left out; a step's train and val rows are merged
-    assert curves == {"step": [0.0, 1.0, 2.0], "series": {"train_loss": [9.2, 9.0, 8.7],
-                                                        "val_loss": [None, 8.5, None]}}
+    assert curves == {"step": [0.0, 1.0, 2.0], "series": {"train_loss": [9.2, 9.0, 8.7], "val_loss": [None, 8.5, None]}}
     own = data.training_curves(make_job(tmp_path / "1", csv="step,train_loss,val_loss\n0,2.0,\n1,1.5,1.7\n"))
     assert own == {"step": [0.0, 1.0], "series": {"train_loss": [2.0, 1.5], "val_loss": [None, 1.7]}}
     assert data.training_curves(tmp_path / "2") == {"step": [], "series": {}}
@@ -151,11 +177,16 @@ def test_log_ranges_tail_then_follow_from_an_offset(tmp_path):
 
 
 def test_swept_parameters_are_those_whose_overrides_differ():
-    jobs = [{"id": str(i), "num": str(i), "status": "COMPLETED", "metric_name": "val_loss", "metric": m,
-             "overrides": o} for i, (m, o) in enumerate([
-                 (6.0, ["recipe.lr=0.1", "+opt=adam", "num_nodes=2"]),
-                 (5.0, ["recipe.lr=1.0", "+opt=sgd", "num_nodes=2"]),
-                 (None, ["recipe.lr=0.01", "+opt=adam", "num_nodes=2"])])]
+    jobs = [
+        {"id": str(i), "num": str(i), "status": "COMPLETED", "metric_name": "val_loss", "metric": m, "overrides": o}
+        for i, (m, o) in enumerate(
+            [
+                (6.0, ["recipe.lr=0.1", "+opt=adam", "num_nodes=2"]),
+                (5.0, ["recipe.lr=1.0", "+opt=sgd", "num_nodes=2"]),
+                (None, ["recipe.lr=0.01", "+opt=adam", "num_nodes=2"]),
+            ]
+        )
+    ]
     swept = data.swept_parameters(jobs)
     assert swept["metric_name"] == "val_loss"
     assert [p["name"] for p in swept["params"]] == ["recipe.lr", "opt"]  # num_nodes is the same everywhere
@@ -237,8 +268,15 @@ def test_api_serves_nothing_outside_the_job_dirs(outputs, tmp_path):
     listed = client.get(f"/api/jobs/{job_id(job)}").json()["logs"]
     assert [name["name"] for name in listed] == ["node0.rank0.log"]
     assert client.get(f"/api/jobs/{job_id(linked)}").json()["logs"] == []
-    for name in ("../result.json", "..%2fresult.json", "%2e%2e/result.json", "/etc/passwd",
-                 "node0.rank0.log/..", "../../../../etc/passwd", "node0.rank0.log\x00.txt"):
+    for name in (
+        "../result.json",
+        "..%2fresult.json",
+        "%2e%2e/result.json",
+        "/etc/passwd",
+        "node0.rank0.log/..",
+        "../../../../etc/passwd",
+        "node0.rank0.log\x00.txt",
+    ):
         assert get(log, name=name) == 400, name
     for name in ("node0.rank1.log", "node0.rank2.log", "node0.rank7.log"):
         assert get(log, name=name) == 404, name
@@ -248,15 +286,29 @@ def test_api_serves_nothing_outside_the_job_dirs(outputs, tmp_path):
     assert get(log, name="node0.rank0.log", offset="x") == 400
     assert get(f"/api/jobs/{job_id(job)}/metrics", since="nan") == 400
     # jobs by id from the app's own list only: never a path, never a dir it was not given
-    for bad in ("0000000000000000", data.opaque_id(tmp_path.resolve()), data.opaque_id(Path("/etc")), "..",
-                "%2e%2e", "%2Fetc%2Fpasswd", str(job)):
+    for bad in (
+        "0000000000000000",
+        data.opaque_id(tmp_path.resolve()),
+        data.opaque_id(Path("/etc")),
+        "..",
+        "%2e%2e",
+        "%2Fetc%2Fpasswd",
+        str(job),
+    ):
         assert get(f"/api/jobs/{bad}") == 404, bad
         assert get(f"/api/jobs/{bad}/log", name="node0.rank0.log") == 404, bad
     assert get(f"/api/sweeps/{data.opaque_id(tmp_path.resolve())}") == 404
     # static files: the package's static dir only
-    for path in ("/static/../data.py", "/static/%2e%2e/data.py", "/static/..%2fdata.py",
-                 "/static/%2e%2e%2fapp.py", "/static//etc/passwd", "/static/%2Fetc%2Fpasswd",
-                 "/../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd"):
+    for path in (
+        "/static/../data.py",
+        "/static/%2e%2e/data.py",
+        "/static/..%2fdata.py",
+        "/static/%2e%2e%2fapp.py",
+        "/static//etc/passwd",
+        "/static/%2Fetc%2Fpasswd",
+        "/../../etc/passwd",
+        "/%2e%2e/%2e%2e/etc/passwd",
+    ):
         status = get(path)
         assert status in (400, 404), (path, status)
     assert client.get("/static/%2e%2e/data.py").text.find("def discover") < 0
@@ -295,19 +347,26 @@ def _served_texts(client: TestClient, sweep: Path) -> Dict[str, str]:
 def test_symlinks_in_a_job_dir_never_serve_their_targets(tmp_path):
     # readable files outside the job dirs, each of which would put MARKER in an answer if it were read
     outside = tmp_path / "outside"
-    leaked_result = result_record(0, overrides=[f"leak={MARKER}"], name=MARKER, error=MARKER,
-                                  failure={**FAILURE, "traceback": MARKER})
-    make_job(outside, result=leaked_result, owner={"attempt": "x", "name": MARKER, "backend": MARKER,
-                                                   "started": time.time()},
-             metrics={0: sample(1.0, host=MARKER) + sample(2.0, host=MARKER)},
-             csv=f"step,{MARKER}_loss\n0,1.5\n1,1.25\n",
-             config={"num_nodes": 7, "devices": 3, "machine": {"name": MARKER, "gpus": 0}},
-             overrides=[f"leak={MARKER}"])
-    files = {"result.json": outside / "result.json", "metrics.csv": outside / "metrics.csv",
-             "metrics/node0.jsonl": outside / "metrics" / "node0.jsonl",
-             ".hydra/config.yaml": outside / ".hydra" / "config.yaml",
-             ".hydra/overrides.yaml": outside / ".hydra" / "overrides.yaml",
-             ".mmt/owner.json": outside / ".mmt" / "owner.json"}
+    leaked_result = result_record(
+        0, overrides=[f"leak={MARKER}"], name=MARKER, error=MARKER, failure={**FAILURE, "traceback": MARKER}
+    )
+    make_job(
+        outside,
+        result=leaked_result,
+        owner={"attempt": "x", "name": MARKER, "backend": MARKER, "started": time.time()},
+        metrics={0: sample(1.0, host=MARKER) + sample(2.0, host=MARKER)},
+        csv=f"step,{MARKER}_loss\n0,1.5\n1,1.25\n",
+        config={"num_nodes": 7, "devices": 3, "machine": {"name": MARKER, "gpus": 0}},
+        overrides=[f"leak={MARKER}"],
+    )
+    files = {
+        "result.json": outside / "result.json",
+        "metrics.csv": outside / "metrics.csv",
+        "metrics/node0.jsonl": outside / "metrics" / "node0.jsonl",
+        ".hydra/config.yaml": outside / ".hydra" / "config.yaml",
+        ".hydra/overrides.yaml": outside / ".hydra" / "overrides.yaml",
+        ".mmt/owner.json": outside / ".mmt" / "owner.json",
+    }
     sweep = tmp_path / "served" / "sweep"
     log = {"node0.rank0.log": "hello\n"}
     # 0: each file an absolute link out; 1: the same as ../../.. links, and no result.json, so that the
@@ -333,8 +392,12 @@ def test_symlinks_in_a_job_dir_never_serve_their_targets(tmp_path):
     for job in (absolute, relative, linked_dirs):
         detail = client.get(f"/api/jobs/{job_id(job)}").json()
         # no result, owner or config read: a job known by its logs alone (1 node x 1 rank, not 7 x 3)
-        assert (detail["status"], detail["num_nodes"], detail["devices"], detail["machine"]) == \
-            ("PENDING", 1, 1, None), (job.name, detail)
+        assert (detail["status"], detail["num_nodes"], detail["devices"], detail["machine"]) == (
+            "PENDING",
+            1,
+            1,
+            None,
+        ), (job.name, detail)
         assert detail["overrides"] == [] and detail["failure"] is None and detail["error"] is None
         assert detail["metric_nodes"] == [] and detail["curves_version"] is None
         assert client.get(f"/api/jobs/{job_id(job)}/metrics").json() == {"nodes": []}
@@ -382,8 +445,7 @@ def test_the_page_and_its_code_come_from_the_package_not_the_network():
 
 
 @pytest.mark.parametrize("required", [True, False], ids=["required", "optional"])
-def test_a_missing_selenium_fails_where_a_browser_is_required_and_skips_elsewhere(tmp_path, monkeypatch,
-                                                                                   required):
+def test_a_missing_selenium_fails_where_a_browser_is_required_and_skips_elsewhere(tmp_path, monkeypatch, required):
     monkeypatch.setitem(sys.modules, "selenium", None)  # an import of it raises ImportError
     monkeypatch.setitem(sys.modules, "selenium.webdriver", None)
     for name in ("CHROMIUM", "CHROMEDRIVER"):  # as if the browser were installed: selenium is what is missing

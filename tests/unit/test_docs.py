@@ -121,7 +121,7 @@ def launcher_rows() -> List[Row]:
     for match in _HEADING.finditer(text):
         if match.group(2).startswith(LAUNCHER_SECTION):
             level = len(match.group(1))
-            rest = text[match.end():]
+            rest = text[match.end() :]
             end = re.search(rf"^#{{1,{level}}}\s", rest, re.M)
             section = rest[: end.start()] if end else rest
             break
@@ -160,7 +160,8 @@ def test_every_launcher_field_is_documented_and_every_documented_key_is_a_field(
         f"{CONFIG_DOC.relative_to(ROOT)} has drifted from hydra_plugins/mmt_launcher/config.py:\n"
         f"  fields without a row: {undocumented}\n"
         f"  rows that are not fields: {unknown}\n"
-        f"  keys with more than one row: {twice}")
+        f"  keys with more than one row: {twice}"
+    )
 
 
 def test_launcher_tables_give_each_key_its_backend_and_default():
@@ -261,8 +262,12 @@ def test_readme_links_every_docs_page():
 def repo_files() -> List[Path]:
     """Every file git tracks, and those it would track (new, not ignored) that exist in the work tree."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, check=True).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as error:
         pytest.skip(f"not a git checkout ({error})")
     names = sorted({name for name in out.decode().split("\0") if name})

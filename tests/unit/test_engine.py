@@ -34,17 +34,30 @@ def fake_registered() -> Any:
 
 
 def _plan(sweep: Path, num: int) -> JobPlan:
-    return plan_job(launcher_cfg(), num=num, name=f"fake-job-{num}-{sweep.name}", job_id=f"fake-{num}", overrides=[f"x={num}"],
-                    job_dir=str(sweep / str(num)), limits=Limits(8, 8, 64, "test"), launcher_env={})
+    return plan_job(
+        launcher_cfg(),
+        num=num,
+        name=f"fake-job-{num}-{sweep.name}",
+        job_id=f"fake-{num}",
+        overrides=[f"x={num}"],
+        job_dir=str(sweep / str(num)),
+        limits=Limits(8, 8, 64, "test"),
+        launcher_env={},
+    )
 
 
 def _jobs(sweep: Path, count: int) -> List[engine.PreparedJob]:
-    return [engine.PreparedJob(JobPayload(plan=_plan(sweep, num), callbacks=None, task_function=None, config=None,
-                                          singleton_state=None)) for num in range(count)]
+    return [
+        engine.PreparedJob(
+            JobPayload(plan=_plan(sweep, num), callbacks=None, task_function=None, config=None, singleton_state=None)
+        )
+        for num in range(count)
+    ]
 
 
-def _launch(sweep: Path, jobs: List[engine.PreparedJob], backend: FakeBackend,
-            registry: Optional[Registry]) -> engine.LaunchReport:
+def _launch(
+    sweep: Path, jobs: List[engine.PreparedJob], backend: FakeBackend, registry: Optional[Registry]
+) -> engine.LaunchReport:
     console = Console()
     try:
         return engine.launch(jobs, backend, engine.LaunchOptions(sweep_dir=sweep, registry=registry), console)
@@ -53,8 +66,12 @@ def _launch(sweep: Path, jobs: List[engine.PreparedJob], backend: FakeBackend,
 
 
 def test_every_job_is_concluded_recorded_and_summarised(tmp_path: Path, registry: Registry) -> None:
-    scripts = {0: Script(value={"loss": 0.5}), 1: Script(polls=5, value={"loss": 0.25}),
-               2: Script(state=JobState.FAILED, failing_rank=1), 3: Script(state=JobState.TIMEOUT)}
+    scripts = {
+        0: Script(value={"loss": 0.5}),
+        1: Script(polls=5, value={"loss": 0.25}),
+        2: Script(state=JobState.FAILED, failing_rank=1),
+        3: Script(state=JobState.TIMEOUT),
+    }
     backend = FakeBackend(FakeSettings(scripts=scripts))
     report = _launch(tmp_path, _jobs(tmp_path, 4), backend, registry)
 
@@ -91,7 +108,8 @@ def test_a_taken_name_is_refused_before_anything_is_submitted(tmp_path: Path, re
 
 
 def test_a_submission_that_fails_cancels_the_submitted_and_leaves_nothing_of_the_rest(
-        tmp_path: Path, registry: Registry) -> None:
+    tmp_path: Path, registry: Registry
+) -> None:
     backend = FakeBackend(FakeSettings(scripts={1: Script(refuse_submit=True)}))
     with pytest.raises(RuntimeError, match="refused job 1"):
         _launch(tmp_path, _jobs(tmp_path, 3), backend, registry)
@@ -112,7 +130,8 @@ def test_records_stay_where_jobs_outlive_the_launcher(tmp_path: Path, registry: 
 
 
 def test_a_backend_defined_outside_mmt_plugs_in_through_the_registry(
-        tmp_path: Path, registry: Registry, fake_registered: Any) -> None:
+    tmp_path: Path, registry: Registry, fake_registered: Any
+) -> None:
     assert "fake" in backends.names() and backends.backend_class("fake") is FakeBackend
     cfg = launcher_cfg()
     cfg.backend = "fake"

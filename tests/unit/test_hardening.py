@@ -13,9 +13,22 @@ from mmt.monitor import plots
 def _result(sweep: Path, num: int, overrides: list, value: float) -> None:
     job_dir = sweep / str(num)
     job_dir.mkdir(parents=True)
-    record = {"job": num, "name": f"t-{num}", "attempt": "a", "overrides": overrides, "status": "COMPLETED",
-              "num_nodes": 1, "devices": 1, "world_size": 1, "machine": "cpu", "duration_s": 1.0,
-              "summary_metric": "loss", "return_value": {"loss": value}, "failure": None, "error": None}
+    record = {
+        "job": num,
+        "name": f"t-{num}",
+        "attempt": "a",
+        "overrides": overrides,
+        "status": "COMPLETED",
+        "num_nodes": 1,
+        "devices": 1,
+        "world_size": 1,
+        "machine": "cpu",
+        "duration_s": 1.0,
+        "summary_metric": "loss",
+        "return_value": {"loss": value},
+        "failure": None,
+        "error": None,
+    }
     (job_dir / "result.json").write_text(json.dumps(record))
 
 
@@ -32,6 +45,7 @@ def test_a_dollar_in_a_swept_value_is_drawn_as_literal_text(tmp_path: Path) -> N
 
 def test_a_plot_that_cannot_be_drawn_is_reported_not_raised(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Item 10: whatever drawing raises reaches the launcher as the OSError it reports under the summary."""
+
     def broken(_sweep: Path) -> None:
         raise ValueError("a drawing bug")
 
@@ -61,16 +75,29 @@ def test_a_launch_that_loses_a_name_race_deletes_only_its_own_rows(tmp_path: Pat
     monkeypatch.setenv("MMT_HOME", str(tmp_path / "home"))
 
     def job(sweep: Path) -> engine.PreparedJob:
-        plan = plan_job(launcher_cfg(), num=0, name="same", job_id=f"id-{sweep.name}", overrides=[],
-                        job_dir=str(sweep / "0"), limits=Limits(8, 8, 64, "test"), launcher_env={})
-        return engine.PreparedJob(JobPayload(plan=plan, callbacks=None, task_function=None, config=None,
-                                             singleton_state=None))
+        plan = plan_job(
+            launcher_cfg(),
+            num=0,
+            name="same",
+            job_id=f"id-{sweep.name}",
+            overrides=[],
+            job_dir=str(sweep / "0"),
+            limits=Limits(8, 8, 64, "test"),
+            launcher_env={},
+        )
+        return engine.PreparedJob(
+            JobPayload(plan=plan, callbacks=None, task_function=None, config=None, singleton_state=None)
+        )
 
     winner_registry = Registry()
     console = Console()
     try:
-        engine.launch([job(tmp_path / "winner")], FakeBackend(FakeSettings()),
-                      engine.LaunchOptions(sweep_dir=tmp_path / "winner", registry=winner_registry), console)
+        engine.launch(
+            [job(tmp_path / "winner")],
+            FakeBackend(FakeSettings()),
+            engine.LaunchOptions(sweep_dir=tmp_path / "winner", registry=winner_registry),
+            console,
+        )
         winner = winner_registry.require("same")
 
         class CheckedBeforeTheWinner(Registry):  # the loser's name check ran before the winner's insert
@@ -79,9 +106,12 @@ def test_a_launch_that_loses_a_name_race_deletes_only_its_own_rows(tmp_path: Pat
 
         loser_backend = FakeBackend(FakeSettings())
         with pytest.raises(UsageError, match="exists already"):
-            engine.launch([job(tmp_path / "loser")], loser_backend,
-                          engine.LaunchOptions(sweep_dir=tmp_path / "loser", registry=CheckedBeforeTheWinner()),
-                          console)
+            engine.launch(
+                [job(tmp_path / "loser")],
+                loser_backend,
+                engine.LaunchOptions(sweep_dir=tmp_path / "loser", registry=CheckedBeforeTheWinner()),
+                console,
+            )
     finally:
         console.close()
     assert loser_backend.submitted == []

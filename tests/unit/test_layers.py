@@ -16,8 +16,14 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
 def _lint_imports(source: Path, config: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(LINT_IMPORTS), "--config", str(config), "--no-cache"], capture_output=True, text=True,
-                          cwd=source.parent, env={"PYTHONPATH": str(source), "PATH": "/usr/bin:/bin"}, timeout=120)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(config), "--no-cache"],
+        capture_output=True,
+        text=True,
+        cwd=source.parent,
+        env={"PYTHONPATH": str(source), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
 
 
 def test_the_layers_contract_holds() -> None:

@@ -25,11 +25,25 @@ from mmt.records.schema import OwnerRecord
 
 
 def _record(job_dir: Path, name: str, attempt: str, **facts) -> JobRecord:
-    values = dict(name=name, job_id=f"{name}-id", backend="local", job_dir=str(job_dir), sweep_dir=str(job_dir.parent),
-                  attempt=attempt, num_nodes=2, devices=2, machine="cpu", command="sleep 60",
-                  command_mode="per_node", overrides=["num_nodes=2"], state=JobState.RUNNING.value,
-                  supervisor_pid=os.getpid(), supervisor_host=None, created_at=time.time(),
-                  started_at=time.time() - 5)
+    values = dict(
+        name=name,
+        job_id=f"{name}-id",
+        backend="local",
+        job_dir=str(job_dir),
+        sweep_dir=str(job_dir.parent),
+        attempt=attempt,
+        num_nodes=2,
+        devices=2,
+        machine="cpu",
+        command="sleep 60",
+        command_mode="per_node",
+        overrides=["num_nodes=2"],
+        state=JobState.RUNNING.value,
+        supervisor_pid=os.getpid(),
+        supervisor_host=None,
+        created_at=time.time(),
+        started_at=time.time() - 5,
+    )
     return JobRecord(**{**values, **facts})
 
 
@@ -48,8 +62,9 @@ class _Accepting:
 
 
 @pytest.mark.parametrize("umask", [0o002, 0o000])
-def test_the_detached_supervisor_reads_its_jobs_from_a_sweep_dir_the_umask_made_group_writable(tmp_path, umask,
-                                                                                                 monkeypatch):
+def test_the_detached_supervisor_reads_its_jobs_from_a_sweep_dir_the_umask_made_group_writable(
+    tmp_path, umask, monkeypatch
+):
     from helpers.fake_backend import FakeBackend, FakeSettings
     from mmt.launching import engine, supervisor
 
@@ -59,8 +74,14 @@ def test_the_detached_supervisor_reads_its_jobs_from_a_sweep_dir_the_umask_made_
         sweep.root.mkdir()  # as Hydra makes it, under the user's umask: drwxrwxr-x under 002
         make_private_dir(sweep.private)
         spec = sweep.supervisor_spec("launch")
-        inner = cloudpickle.dumps({"jobs": [], "backend": FakeBackend, "settings": FakeSettings(),
-                                   "options": engine.LaunchOptions(sweep_dir=sweep.root)})
+        inner = cloudpickle.dumps(
+            {
+                "jobs": [],
+                "backend": FakeBackend,
+                "settings": FakeSettings(),
+                "options": engine.LaunchOptions(sweep_dir=sweep.root),
+            }
+        )
         write_atomic(spec, pickle.dumps({"sys_path": list(sys.path), "inner": inner}), private=True)
     finally:
         os.umask(before)
@@ -114,9 +135,11 @@ def test_a_job_that_deleted_its_own_dir_is_running_while_its_supervisor_lives_an
     registry = Registry(tmp_path / "registry.sqlite")
     job_dir = JobDir(tmp_path / "sweep" / "0")
     attempt = "20260101T000000-aaaaaa"
-    held = ownership.claim(job_dir, OwnerRecord.of_this_process(attempt=attempt, name="self-deleting",
-                                                                backend="local", job_id="self-deleting-id"),
-                           lambda owner: False)
+    held = ownership.claim(
+        job_dir,
+        OwnerRecord.of_this_process(attempt=attempt, name="self-deleting", backend="local", job_id="self-deleting-id"),
+        lambda owner: False,
+    )
     try:
         record = _record(job_dir.root, "self-deleting", attempt)
         registry.add([record])
@@ -150,8 +173,9 @@ def test_without_a_beacon_the_supervisor_is_judged_by_its_pid_and_start_time(tmp
         alive = _record(tmp_path / "0", "pid-judged", "a1", supervisor_pid=child.pid, supervisor_start=started)
         assert liveness.supervisor_alive(alive)
         # the same pid with another start time: another process that reused the number
-        assert not liveness.supervisor_alive(_record(tmp_path / "0", "pid-judged", "a1", supervisor_pid=child.pid,
-                                                     supervisor_start=started + 1))
+        assert not liveness.supervisor_alive(
+            _record(tmp_path / "0", "pid-judged", "a1", supervisor_pid=child.pid, supervisor_start=started + 1)
+        )
     finally:
         child.kill()
         child.wait()
@@ -170,8 +194,15 @@ def test_an_orphan_is_concluded_in_its_job_dir_too_and_the_live_page_says_failed
     attempt = "20260101T000000-bbbbbb"
     gone = subprocess.Popen(["true"])
     gone.wait()  # the supervisor, SIGKILLed: it held its locks, which the kernel let go
-    owner = OwnerRecord(host="box", pid=gone.pid, started=time.time() - 5, attempt=attempt, name="orphan-0",
-                        backend="local", job_id="orphan-id")
+    owner = OwnerRecord(
+        host="box",
+        pid=gone.pid,
+        started=time.time() - 5,
+        attempt=attempt,
+        name="orphan-0",
+        backend="local",
+        job_id="orphan-id",
+    )
     owner.write(JobDir(root).owner)
     JobDir(root).logs.mkdir(parents=True)
     # an earlier attempt's result says nothing of this one
@@ -212,14 +243,19 @@ def test_a_sweep_dir_is_claimed_at_once_and_a_second_launch_is_refused_naming_th
     from mmt.core.errors import UsageError
 
     sweep = tmp_path / "sweep"
-    code = ("import sys, time\nfrom pathlib import Path\nfrom mmt.records import ownership\n"
-            "ownership.claim_sweep(Path(sys.argv[1]), lambda owner: False)\nprint('held', flush=True)\n"
-            "time.sleep(60)\n")
+    code = (
+        "import sys, time\nfrom pathlib import Path\nfrom mmt.records import ownership\n"
+        "ownership.claim_sweep(Path(sys.argv[1]), lambda owner: False)\nprint('held', flush=True)\n"
+        "time.sleep(60)\n"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code, str(sweep)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
-        with pytest.raises(UsageError, match=rf"hydra.sweep.dir {sweep} is in use by a live launch \(pid "
-                                             rf"{holder.pid} on "):
+        with pytest.raises(
+            UsageError,
+            match=rf"hydra.sweep.dir {sweep} is in use by a live launch \(pid "
+            rf"{holder.pid} on ",
+        ):
             ownership.claim_sweep(sweep, lambda owner: False)
     finally:
         holder.kill()
@@ -270,8 +306,11 @@ def test_a_descendant_that_dropped_its_tag_and_left_the_session_is_stopped_with_
     attempt = Attempt(tmp_path / "job" / ".mmt" / "attempts" / "a").create()
     job = JobProcesses("tagless-job", attempt, kill_grace_s=0.5)
     marker = tmp_path / "stray.pid"
-    rank = subprocess.Popen(["sh", "-c", f"setsid env -u MMT_JOB_ID sh -c 'echo $$ > {marker}; exec sleep 300' & "
-                             "sleep 300"], env={**os.environ, "MMT_JOB_ID": "tagless-job"}, start_new_session=True)
+    rank = subprocess.Popen(
+        ["sh", "-c", f"setsid env -u MMT_JOB_ID sh -c 'echo $$ > {marker}; exec sleep 300' & sleep 300"],
+        env={**os.environ, "MMT_JOB_ID": "tagless-job"},
+        start_new_session=True,
+    )
     job.started(0, rank.pid)
     deadline = time.monotonic() + 10
     while not (marker.exists() and marker.read_text().strip()) and time.monotonic() < deadline:

@@ -17,23 +17,61 @@ from mmt.planning.machine import catalogue_names, machine_from_config
 
 # lightning_sdk 2026.10.13 `Machine` names that the catalogue covers (see conf/machine/SOURCES.md)
 LIGHTNING_MACHINES = [
-    "CPU_SMALL", "CPU", "CPU_X_2", "CPU_X_4", "CPU_X_8", "CPU_X_16",
-    "T4_SMALL", "T4", "T4_X_2", "T4_X_4", "T4_X_8",
-    "L4", "L4_X_2", "L4_X_4", "L4_X_8",
-    "L40S", "L40S_X_2", "L40S_X_4", "L40S_X_8",
-    "RTXP_6000", "RTXP_6000_X_2", "RTXP_6000_X_4", "RTXP_6000_X_8",
-    "A100", "A100_X_2", "A100_X_4", "A100_X_8",
-    "H100", "H100_X_2", "H100_X_4", "H100_X_8",
-    "H200", "H200_X_2", "H200_X_4", "H200_X_8",
-    "B200", "B200_X_8",
+    "CPU_SMALL",
+    "CPU",
+    "CPU_X_2",
+    "CPU_X_4",
+    "CPU_X_8",
+    "CPU_X_16",
+    "T4_SMALL",
+    "T4",
+    "T4_X_2",
+    "T4_X_4",
+    "T4_X_8",
+    "L4",
+    "L4_X_2",
+    "L4_X_4",
+    "L4_X_8",
+    "L40S",
+    "L40S_X_2",
+    "L40S_X_4",
+    "L40S_X_8",
+    "RTXP_6000",
+    "RTXP_6000_X_2",
+    "RTXP_6000_X_4",
+    "RTXP_6000_X_8",
+    "A100",
+    "A100_X_2",
+    "A100_X_4",
+    "A100_X_8",
+    "H100",
+    "H100_X_2",
+    "H100_X_4",
+    "H100_X_8",
+    "H200",
+    "H200_X_2",
+    "H200_X_4",
+    "H200_X_8",
+    "B200",
+    "B200_X_8",
 ]
 # Lightning names left out on purpose (no public host memory, disk or instance: see SOURCES.md)
 NOT_COVERED = ["DATA_PREP", "DATA_PREP_MAX", "DATA_PREP_ULTRA"]
 # kept for configs that still name them; Lightning no longer offers A10G
 LEGACY = ["a10g", "a10g_x_4"]
 
-KEYS = ("name", "accelerator", "gpu_type", "gpus", "cpus", "memory_gb", "gpu_memory_gb", "instance_type",
-        "price_per_hour", "price_source")
+KEYS = (
+    "name",
+    "accelerator",
+    "gpu_type",
+    "gpus",
+    "cpus",
+    "memory_gb",
+    "gpu_memory_gb",
+    "instance_type",
+    "price_per_hour",
+    "price_source",
+)
 
 
 def _entries():
@@ -94,8 +132,9 @@ def test_entry_is_well_formed(name):
     assert isinstance(source, str) and len(source.strip()) > 20
     price = raw["price_per_hour"]
     if price is None:
-        assert re.search(r"no (on-demand )?price|not sourced|could not", source, re.IGNORECASE), \
+        assert re.search(r"no (on-demand )?price|not sourced|could not", source, re.IGNORECASE), (
             f"{name}: price_per_hour is null but price_source gives no reason: {source!r}"
+        )
     else:
         assert _is_number(price) and price > 0
         assert "read 2026-" in source, f"{name}: price_source does not say when the price was read"

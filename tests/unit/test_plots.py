@@ -17,16 +17,37 @@ LIGHTNING_CSV = "epoch,step,train_loss,val_loss\n0,0,9.2,\n0,1,9.0,\n0,1,,8.8\n0
 MMT_CSV = "step,train_loss,val_loss\n20,7.9,7.7\n40,7.1,\n60,oops,6.9\n"
 
 
-def _job(sweep: Path, num: int, overrides, status="COMPLETED", value=None, metrics: Optional[str] = None,
-         summary_metric: Optional[str] = "val_loss") -> None:
+def _job(
+    sweep: Path,
+    num: int,
+    overrides,
+    status="COMPLETED",
+    value=None,
+    metrics: Optional[str] = None,
+    summary_metric: Optional[str] = "val_loss",
+) -> None:
     job_dir = sweep / str(num)
     job_dir.mkdir(parents=True)
-    record = {"job": num, "name": f"train-{num}", "attempt": "a", "overrides": overrides, "status": status,
-              "num_nodes": 1, "devices": 2, "world_size": 2, "machine": "cpu", "duration_s": 1.0,
-              "stop_latency_s": None, "scheduler_id": None, "started_at": 0.0, "ended_at": 1.0,
-              "summary_metric": summary_metric, "return_value": value,
-              "failure": None if status == "COMPLETED" else {"rank": 1},
-              "error": None if status == "COMPLETED" else "job 2: rank 1 raised RuntimeError"}
+    record = {
+        "job": num,
+        "name": f"train-{num}",
+        "attempt": "a",
+        "overrides": overrides,
+        "status": status,
+        "num_nodes": 1,
+        "devices": 2,
+        "world_size": 2,
+        "machine": "cpu",
+        "duration_s": 1.0,
+        "stop_latency_s": None,
+        "scheduler_id": None,
+        "started_at": 0.0,
+        "ended_at": 1.0,
+        "summary_metric": summary_metric,
+        "return_value": value,
+        "failure": None if status == "COMPLETED" else {"rank": 1},
+        "error": None if status == "COMPLETED" else "job 2: rank 1 raised RuntimeError",
+    }
     (job_dir / "result.json").write_text(json.dumps(record))
     if metrics is not None:
         (job_dir / "metrics.csv").write_text(metrics)
@@ -36,10 +57,20 @@ def _sweep(tmp_path: Path) -> Path:
     """3 jobs sweeping num_nodes (numeric) and recipe.optim (categorical), job 2 FAILED; unreadable dirs."""
     sweep = tmp_path / "sweep"
     # the first numeric value is samples_per_s: the metric is the named val_loss; env values differ (ignored)
-    _job(sweep, 0, ["recipe=lm", "num_nodes=1", "recipe.optim=sgd", "+env.RUN=a"],
-         value={"samples_per_s": 100.0, "val_loss": 6.5}, metrics=LIGHTNING_CSV)
-    _job(sweep, 1, ["recipe=lm", "num_nodes=2", "recipe.optim=adam", "+env.RUN=b"],
-         value={"samples_per_s": 180.0, "val_loss": 6.3}, metrics=MMT_CSV)
+    _job(
+        sweep,
+        0,
+        ["recipe=lm", "num_nodes=1", "recipe.optim=sgd", "+env.RUN=a"],
+        value={"samples_per_s": 100.0, "val_loss": 6.5},
+        metrics=LIGHTNING_CSV,
+    )
+    _job(
+        sweep,
+        1,
+        ["recipe=lm", "num_nodes=2", "recipe.optim=adam", "+env.RUN=b"],
+        value={"samples_per_s": 180.0, "val_loss": 6.3},
+        metrics=MMT_CSV,
+    )
     _job(sweep, 2, ["recipe=lm", "num_nodes=4", "recipe.optim=adam", "+env.RUN=c"], status="FAILED")
     (sweep / "3").mkdir()
     (sweep / "3" / "result.json").write_text('{"job": 3, "status": "COMPL')  # cut short
@@ -99,8 +130,11 @@ def test_the_png_is_written_atomically_and_is_a_png(tmp_path):
     assert data[:8] == PNG_SIGNATURE and len(data) > 1000
     assert not [p.name for p in sweep.iterdir() if p.name.startswith(".")], "no temp file left behind"
     assert write_sweep_plot(sweep) == path and path.read_bytes()[:8] == PNG_SIGNATURE  # replaced in place
-    assert plotted_jobs(path) == [("0", LABELS[0], "COMPLETED"), ("1", LABELS[1], "COMPLETED"),
-                                  ("2", LABELS[2], "FAILED")]
+    assert plotted_jobs(path) == [
+        ("0", LABELS[0], "COMPLETED"),
+        ("1", LABELS[1], "COMPLETED"),
+        ("2", LABELS[2], "FAILED"),
+    ]
     assert plotted(path)["metric"] == "val_loss"
     assert [job["curves"] for job in plotted(path)["jobs"]] == [["train_loss", "val_loss"]] * 2 + [[]]
     with Image.open(path) as image:  # and in words, for any PNG viewer
@@ -131,8 +165,7 @@ def test_nothing_to_plot_gives_none(tmp_path):
 
 
 def test_a_single_job_shows_its_value(tmp_path):
-    _job(tmp_path, 0, ["num_nodes=2"], value=0.25, summary_metric=None,
-         metrics="step,train_loss\n1,2.0\n2,1.5\n")
+    _job(tmp_path, 0, ["num_nodes=2"], value=0.25, summary_metric=None, metrics="step,train_loss\n1,2.0\n2,1.5\n")
     fig = sweep_figure(tmp_path)
     metric, curves = fig.axes
     [bars] = metric.containers  # a non-dict number is the metric itself
@@ -143,8 +176,7 @@ def test_a_single_job_shows_its_value(tmp_path):
 def test_the_metric_named_in_summary_csv_when_result_json_does_not_say(tmp_path):
     # result.json carries no summary_metric; summary.csv's metric column is what the console summary showed
     for num, lr in enumerate(["0.1", "1.0"]):
-        _job(tmp_path, num, [f"recipe.lr={lr}"], value={"steps": 40, "val_loss": 7.0 - num},
-             summary_metric=None)
+        _job(tmp_path, num, [f"recipe.lr={lr}"], value={"steps": 40, "val_loss": 7.0 - num}, summary_metric=None)
     header = "job,name,overrides,status,num_nodes,devices,duration_s,val_loss,note\n"
     (tmp_path / "summary.csv").write_text(header)
     [ax] = sweep_figure(tmp_path).axes
@@ -157,8 +189,12 @@ def test_the_metric_named_in_summary_csv_when_result_json_does_not_say(tmp_path)
 def test_odd_records_and_files_are_skipped_not_fatal(tmp_path):
     odd = [
         {"job": "zero", "overrides": "num_nodes=1", "status": None, "return_value": [1, 2]},  # wrong types
-        {"overrides": ["num_nodes=inf", 3, "~trainer.logger"], "status": "COMPLETED",
-         "return_value": {"val_loss": "6.1", "flag": True}, "summary_metric": 7},  # no number anywhere
+        {
+            "overrides": ["num_nodes=inf", 3, "~trainer.logger"],
+            "status": "COMPLETED",
+            "return_value": {"val_loss": "6.1", "flag": True},
+            "summary_metric": 7,
+        },  # no number anywhere
         {"job": 2, "overrides": ["num_nodes=2"], "status": "COMPLETED", "return_value": {"val_loss": 6.0}},
     ]
     for num, record in enumerate(odd):

@@ -4,28 +4,41 @@ import os
 
 import pytest
 
+from mmt.core.rank_env import RankInfo, RankPlace, scrubbed
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.machine import UNSPECIFIED_MACHINE
 from mmt.planning.plan import JobPlan
-from mmt.core.rank_env import RankInfo, RankPlace, scrubbed
 
 RENDEZVOUS = Rendezvous(master_addr="127.0.0.1", master_port=40123)
 
 
 def _plan(num_nodes: int, devices: int, env=None, command=None, command_mode="per_node") -> JobPlan:
-    return JobPlan(num=0, name="job-0", job_id="local-1-0", overrides=(), job_dir="/tmp/job", num_nodes=num_nodes,
-                   devices=devices, machine=UNSPECIFIED_MACHINE, image=None, command=command,
-                   command_mode=command_mode, env=env or {}, timeout_s=60.0)
+    return JobPlan(
+        num=0,
+        name="job-0",
+        job_id="local-1-0",
+        overrides=(),
+        job_dir="/tmp/job",
+        num_nodes=num_nodes,
+        devices=devices,
+        machine=UNSPECIFIED_MACHINE,
+        image=None,
+        command=command,
+        command_mode=command_mode,
+        env=env or {},
+        timeout_s=60.0,
+    )
 
 
 def _env(place: RankPlace, base=None, job=None, cores=8, python=None):
     plan = _plan(place.num_nodes, place.local_world_size, env=job)
-    return process_env(plan, place, rendezvous=RENDEZVOUS, inherited=base or {}, copied={}, cores_per_node=cores,
-                       python=python)
+    return process_env(
+        plan, place, rendezvous=RENDEZVOUS, inherited=base or {}, copied={}, cores_per_node=cores, python=python
+    )
 
 
 def test_two_by_two_ranks_and_node_ranks():
-    places = [RankPlace(node_rank=n, local_rank=l, num_nodes=2, local_world_size=2) for n in range(2) for l in range(2)]
+    places = [RankPlace(node_rank=n, local_rank=i, num_nodes=2, local_world_size=2) for n in range(2) for i in range(2)]
     envs = [_env(p) for p in places]
     assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
     assert [e["NODE_RANK"] for e in envs] == ["0", "0", "1", "1"]
@@ -37,12 +50,30 @@ def test_two_by_two_ranks_and_node_ranks():
 
 
 def test_inherited_cluster_and_rank_variables_are_scrubbed():
-    base = {"SLURM_NTASKS": "8", "SLURM_PROCID": "3", "TORCHELASTIC_RUN_ID": "x", "LT_DEVICES": "8",
-            "PL_TRAINER_NUM_NODES": "4", "RANK": "7", "WORLD_SIZE": "16", "MASTER_PORT": "29500", "HOME": "/root",
-            "PATH": "/usr/bin", "LSB_JOBID": "1", "GROUP_WORLD_SIZE": "3"}
+    base = {
+        "SLURM_NTASKS": "8",
+        "SLURM_PROCID": "3",
+        "TORCHELASTIC_RUN_ID": "x",
+        "LT_DEVICES": "8",
+        "PL_TRAINER_NUM_NODES": "4",
+        "RANK": "7",
+        "WORLD_SIZE": "16",
+        "MASTER_PORT": "29500",
+        "HOME": "/root",
+        "PATH": "/usr/bin",
+        "LSB_JOBID": "1",
+        "GROUP_WORLD_SIZE": "3",
+    }
     env = _env(RankPlace(0, 1, 1, 2), base=base)
-    for gone in ("SLURM_NTASKS", "SLURM_PROCID", "TORCHELASTIC_RUN_ID", "LT_DEVICES", "PL_TRAINER_NUM_NODES",
-                 "LSB_JOBID", "GROUP_WORLD_SIZE"):
+    for gone in (
+        "SLURM_NTASKS",
+        "SLURM_PROCID",
+        "TORCHELASTIC_RUN_ID",
+        "LT_DEVICES",
+        "PL_TRAINER_NUM_NODES",
+        "LSB_JOBID",
+        "GROUP_WORLD_SIZE",
+    ):
         assert gone not in env
     assert env["HOME"] == "/root" and env["PATH"] == "/usr/bin"
     assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2" and env["MASTER_PORT"] == "40123"
@@ -63,8 +94,15 @@ def test_user_env_cannot_override_the_contract():
 
 def test_node_env_tells_lightning_the_topology_without_per_rank_variables():
     plan = _plan(2, 4, command="python train.py")
-    env = process_env(plan, plan.place(1), rendezvous=RENDEZVOUS, inherited={"LOCAL_RANK": "3"}, copied={},
-                      cores_per_node=8, python=None)
+    env = process_env(
+        plan,
+        plan.place(1),
+        rendezvous=RENDEZVOUS,
+        inherited={"LOCAL_RANK": "3"},
+        copied={},
+        cores_per_node=8,
+        python=None,
+    )
     assert "LOCAL_RANK" not in env and "RANK" not in env
     assert env["NODE_RANK"] == "1" and env["WORLD_SIZE"] == "8" and env["LOCAL_WORLD_SIZE"] == "4"
     assert env["PL_TRAINER_NUM_NODES"] == "2" and env["PL_TRAINER_DEVICES"] == "4"
@@ -74,7 +112,13 @@ def test_node_env_tells_lightning_the_topology_without_per_rank_variables():
 def test_rank_info_reads_back_what_rank_env_wrote():
     info = RankInfo.from_env(_env(RankPlace(1, 1, 2, 2)))
     assert (info.rank, info.local_rank, info.node_rank, info.world_size, info.local_world_size, info.num_nodes) == (
-        3, 1, 1, 4, 2, 2)
+        3,
+        1,
+        1,
+        4,
+        2,
+        2,
+    )
     assert not info.is_main and info.master_port == 40123 and info.job_dir == "/tmp/job"
     single = RankInfo.from_env({})
     assert (single.rank, single.world_size, single.num_nodes, single.is_main) == (0, 1, 1, True)
@@ -99,8 +143,9 @@ def test_slurm_threads_never_count_more_cores_than_the_host_has():
 
 
 def test_the_launchers_python_comes_first_on_path_and_in_a_venv_is_the_venv():
-    venv = PythonEnvironment(executable="/home/ada/project/.venv/bin/python", prefix="/home/ada/project/.venv",
-                             in_venv=True)
+    venv = PythonEnvironment(
+        executable="/home/ada/project/.venv/bin/python", prefix="/home/ada/project/.venv", in_venv=True
+    )
     env = _env(RankPlace(0, 0, 1, 1), base={"PATH": "/usr/bin:/home/ada/project/.venv/bin"}, python=venv)
     assert env["PATH"] == "/home/ada/project/.venv/bin:/usr/bin"
     assert env["VIRTUAL_ENV"] == "/home/ada/project/.venv"
@@ -109,8 +154,10 @@ def test_the_launchers_python_comes_first_on_path_and_in_a_venv_is_the_venv():
     assert env["PATH"] == "/usr/bin:/bin" and "VIRTUAL_ENV" not in env
 
 
-@pytest.mark.parametrize("world_size, rank, fails", [(4, 1, False), (None, None, False), (-1, -1, False),
-                                                     (2, 1, True), (4, 3, True), (8, None, True)])
+@pytest.mark.parametrize(
+    "world_size, rank, fails",
+    [(4, 1, False), (None, None, False), (-1, -1, False), (2, 1, True), (4, 3, True), (8, None, True)],
+)
 def test_a_process_group_of_another_world_or_rank_than_the_plans_fails_at_once(world_size, rank, fails, monkeypatch):
     from mmt.worker.guards import TopologyMismatchError, check_topology
 

@@ -14,9 +14,20 @@ if str(REPO) not in sys.path:  # recipes/ is imported from the app's directory, 
 from recipes.lm_config import LMConfig, ModelConfig, TorchLMConfig  # noqa: E402
 
 CONFIGS = {"lm": LMConfig, "lm_fabric": LMConfig, "lm_torch": TorchLMConfig}
-TINY = dict(seed=1, accelerator="cpu", data_dir="data", block_size=35, val_fraction=0.05, lr=1.0,
-            model=dict(ninp=16, nhead=2, nhid=16, nlayers=1, dropout=0.0), max_steps=2, val_check_interval=1,
-            limit_val_batches=1, gradient_clip_val=0.25, precision="32-true")
+TINY = dict(
+    seed=1,
+    accelerator="cpu",
+    data_dir="data",
+    block_size=35,
+    val_fraction=0.05,
+    lr=1.0,
+    model=dict(ninp=16, nhead=2, nhid=16, nlayers=1, dropout=0.0),
+    max_steps=2,
+    val_check_interval=1,
+    limit_val_batches=1,
+    gradient_clip_val=0.25,
+    precision="32-true",
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +63,13 @@ def test_every_key_of_the_composed_recipe_section_lands_in_the_config(name, comp
 
 def test_defaults_and_the_key_only_lm_torch_takes():
     config = LMConfig.from_kwargs("lm", TINY)
-    assert (config.resume, config.fixed_buckets, config.output_dir, config.batch_size,
-            config.accumulate_grad_batches) == (True, None, None, None, None)
+    assert (
+        config.resume,
+        config.fixed_buckets,
+        config.output_dir,
+        config.batch_size,
+        config.accumulate_grad_batches,
+    ) == (True, None, None, None, None)
     assert not hasattr(config, "init_timeout_s")
     assert TorchLMConfig.from_kwargs("lm_torch", TINY).init_timeout_s == 300
     assert TorchLMConfig.from_kwargs("lm_torch", dict(TINY, init_timeout_s=5)).init_timeout_s == 5
@@ -63,8 +79,18 @@ def test_defaults_and_the_key_only_lm_torch_takes():
 
 def test_values_pass_through_as_given():
     # no coercion and no checks of values: what a bad value raises is up to the framework, as before
-    config = LMConfig.from_kwargs("lm", dict(TINY, precision="bogus", batch_size=4, accumulate_grad_batches=2,
-                                             fixed_buckets=True, output_dir="/x", resume=False))
+    config = LMConfig.from_kwargs(
+        "lm",
+        dict(
+            TINY,
+            precision="bogus",
+            batch_size=4,
+            accumulate_grad_batches=2,
+            fixed_buckets=True,
+            output_dir="/x",
+            resume=False,
+        ),
+    )
     assert (config.precision, config.batch_size, config.accumulate_grad_batches) == ("bogus", 4, 2)
     assert (config.fixed_buckets, config.output_dir, config.resume) == (True, "/x", False)
 

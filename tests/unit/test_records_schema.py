@@ -15,43 +15,114 @@ from mmt.core.states import JobState, ProcessState
 from mmt.planning.machine import Machine
 from mmt.planning.plan import JobPlan
 from mmt.records import ownership
-from mmt.records.outcome import (JobOutcome, first_failure, outcome_of_record, process_state, read_result,
-                                 result_record, write_result)
+from mmt.records.outcome import (
+    JobOutcome,
+    first_failure,
+    outcome_of_record,
+    process_state,
+    read_result,
+    result_record,
+    write_result,
+)
 from mmt.records.registry import JobRecord
-from mmt.records.schema import (ERROR_SCHEMA, EXIT_SCHEMA, OWNER_SCHEMA, RESULT_SCHEMA, ErrorRecord, ExitRecord,
-                                OwnerRecord, RecordError, ResultRecord, UnknownSchemaError)
+from mmt.records.schema import (
+    ERROR_SCHEMA,
+    EXIT_SCHEMA,
+    OWNER_SCHEMA,
+    RESULT_SCHEMA,
+    ErrorRecord,
+    ExitRecord,
+    OwnerRecord,
+    RecordError,
+    ResultRecord,
+    UnknownSchemaError,
+)
 
-FAILURE = RankFailure(rank=3, node_rank=1, exit_code=None, signal=None, exception="ValueError: boom",
-                      traceback="Traceback ...\nValueError: boom\n", log="/s/0/logs/node1.rank3.log")
+FAILURE = RankFailure(
+    rank=3,
+    node_rank=1,
+    exit_code=None,
+    signal=None,
+    exception="ValueError: boom",
+    traceback="Traceback ...\nValueError: boom\n",
+    log="/s/0/logs/node1.rank3.log",
+)
 
 # what mmt wrote before records had versions (the keys, in their order; values as a real run left them)
 OLD_RESULT = {
-    "job": 0, "name": "probe-0", "attempt": "20260101T000000-abcdef",
+    "job": 0,
+    "name": "probe-0",
+    "attempt": "20260101T000000-abcdef",
     "overrides": ["recipe.x=1", "hydra.launcher.env.TOKEN=***"],
-    "status": "FAILED", "num_nodes": 2, "devices": 2, "world_size": 4, "machine": "cpu_x_2",
-    "summary_metric": None, "duration_s": 3.5, "stop_latency_s": 0.25, "scheduler_id": None,
-    "started_at": 1767225600.0, "ended_at": 1767225603.5, "return_value": None,
-    "failure": {"rank": 3, "node_rank": 1, "exit_code": None, "signal": None, "exception": "ValueError: boom",
-                "traceback": "Traceback ...\nValueError: boom\n", "log": "/s/0/logs/node1.rank3.log",
-                "whole_node": False, "missing_result": False},
+    "status": "FAILED",
+    "num_nodes": 2,
+    "devices": 2,
+    "world_size": 4,
+    "machine": "cpu_x_2",
+    "summary_metric": None,
+    "duration_s": 3.5,
+    "stop_latency_s": 0.25,
+    "scheduler_id": None,
+    "started_at": 1767225600.0,
+    "ended_at": 1767225603.5,
+    "return_value": None,
+    "failure": {
+        "rank": 3,
+        "node_rank": 1,
+        "exit_code": None,
+        "signal": None,
+        "exception": "ValueError: boom",
+        "traceback": "Traceback ...\nValueError: boom\n",
+        "log": "/s/0/logs/node1.rank3.log",
+        "whole_node": False,
+        "missing_result": False,
+    },
     "error": "job 0: rank 3 (node 1) raised ValueError: boom; the other ranks were stopped. Log: ...",
 }
-OLD_ORPHAN_RESULT = {"status": "FAILED", "error": "probe-0: its supervisor (pid 1) ended without concluding it",
-                     "attempt": "a1", "job": 0, "ended_at": 1767225603.5}
-OLD_OWNER = {"host": "h1", "pid": 4242, "started": 1767225600.0, "attempt": "a1", "name": "probe-0",
-             "backend": "slurm", "job_id": "0101-000000-abcd-0", "scheduler_id": "777"}
+OLD_ORPHAN_RESULT = {
+    "status": "FAILED",
+    "error": "probe-0: its supervisor (pid 1) ended without concluding it",
+    "attempt": "a1",
+    "job": 0,
+    "ended_at": 1767225603.5,
+}
+OLD_OWNER = {
+    "host": "h1",
+    "pid": 4242,
+    "started": 1767225600.0,
+    "attempt": "a1",
+    "name": "probe-0",
+    "backend": "slurm",
+    "job_id": "0101-000000-abcd-0",
+    "scheduler_id": "777",
+}
 OLD_ERROR = {"time": 1767225601.0, "exception": "ValueError: boom", "traceback": "Traceback ..."}
-OLD_COMMAND_ERROR = {"time": 1767225602.0, "exception": "CommandFailedError: killed", "traceback": "Traceback ...",
-                     "exit_code": None, "signal": "SIGKILL"}
+OLD_COMMAND_ERROR = {
+    "time": 1767225602.0,
+    "exception": "CommandFailedError: killed",
+    "traceback": "Traceback ...",
+    "exit_code": None,
+    "signal": "SIGKILL",
+}
 OLD_EXIT = {"code": -15, "stopped": True, "time": 1767225602.5}
 
 
 def _plan(tmp_path: Path, **overrides) -> JobPlan:
-    values = dict(num=0, name="probe-0", job_id="0101-000000-abcd-0",
-                  overrides=("recipe.x=1", "hydra.launcher.env.TOKEN=abc"), job_dir=str(tmp_path / "0"),
-                  num_nodes=2, devices=2,
-                  machine=Machine(name="cpu_x_2", accelerator="cpu", gpus=0, cpus=2, memory_gb=8, price_per_hour=0.0),
-                  image=None, command=None, command_mode="per_node", env={"TOKEN": "abc"}, timeout_s=60.0)
+    values = dict(
+        num=0,
+        name="probe-0",
+        job_id="0101-000000-abcd-0",
+        overrides=("recipe.x=1", "hydra.launcher.env.TOKEN=abc"),
+        job_dir=str(tmp_path / "0"),
+        num_nodes=2,
+        devices=2,
+        machine=Machine(name="cpu_x_2", accelerator="cpu", gpus=0, cpus=2, memory_gb=8, price_per_hour=0.0),
+        image=None,
+        command=None,
+        command_mode="per_node",
+        env={"TOKEN": "abc"},
+        timeout_s=60.0,
+    )
     values.update(overrides)
     return JobPlan(**values)
 
@@ -65,19 +136,36 @@ def _write(path: Path, data) -> Path:
 # ------------------------------------------------------------------------------------------------ round trips
 
 
-@pytest.mark.parametrize("record", [
-    ResultRecord(job=2, name="n-2", attempt="a", overrides=("x=1",), status=JobState.COMPLETED, num_nodes=1,
-                 devices=2, world_size=2, machine="m", summary_metric="loss", duration_s=1.5, started_at=10.0,
-                 ended_at=11.5, return_value={"loss": 0.25, "curve": [1, 2]}),
-    ResultRecord(status=JobState.FAILED, attempt="a", failure=FAILURE, error="job 0: rank 3 ...", scheduler_id="9"),
-    OwnerRecord.of_this_process(attempt="a", name="n", backend="local", job_id="j"),
-    OwnerRecord(host="h", pid=1, started=2.0, attempt="a", scheduler_id="12"),
-    ErrorRecord(exception="ValueError: x", traceback="tb"),
-    ErrorRecord(exception="CommandFailedError: x", traceback="tb", command=True, exit_code=3),
-    ErrorRecord(exception="CommandFailedError: x", traceback="tb", command=True, signal="SIGKILL"),
-    ExitRecord(code=0),
-    ExitRecord(code=-9, stopped=True, time=5.0),
-], ids=lambda record: type(record).__name__)
+@pytest.mark.parametrize(
+    "record",
+    [
+        ResultRecord(
+            job=2,
+            name="n-2",
+            attempt="a",
+            overrides=("x=1",),
+            status=JobState.COMPLETED,
+            num_nodes=1,
+            devices=2,
+            world_size=2,
+            machine="m",
+            summary_metric="loss",
+            duration_s=1.5,
+            started_at=10.0,
+            ended_at=11.5,
+            return_value={"loss": 0.25, "curve": [1, 2]},
+        ),
+        ResultRecord(status=JobState.FAILED, attempt="a", failure=FAILURE, error="job 0: rank 3 ...", scheduler_id="9"),
+        OwnerRecord.of_this_process(attempt="a", name="n", backend="local", job_id="j"),
+        OwnerRecord(host="h", pid=1, started=2.0, attempt="a", scheduler_id="12"),
+        ErrorRecord(exception="ValueError: x", traceback="tb"),
+        ErrorRecord(exception="CommandFailedError: x", traceback="tb", command=True, exit_code=3),
+        ErrorRecord(exception="CommandFailedError: x", traceback="tb", command=True, signal="SIGKILL"),
+        ExitRecord(code=0),
+        ExitRecord(code=-9, stopped=True, time=5.0),
+    ],
+    ids=lambda record: type(record).__name__,
+)
 def test_a_record_reads_back_as_written(record, tmp_path: Path) -> None:
     assert type(record).from_dict(record.to_dict()) == record
     assert type(record).from_dict(json.loads(record.to_json())) == record
@@ -105,8 +193,12 @@ def test_the_files_keep_their_keys_plus_schema(tmp_path: Path) -> None:
     assert list(ErrorRecord.from_dict(OLD_COMMAND_ERROR).to_dict()) == ["schema", *OLD_COMMAND_ERROR]
     assert list(ExitRecord.from_dict(OLD_EXIT).to_dict()) == ["schema", *OLD_EXIT]
     # and the values too, byte for byte as JSON
-    for kind, old in ((ResultRecord, OLD_RESULT), (OwnerRecord, OLD_OWNER), (ErrorRecord, OLD_COMMAND_ERROR),
-                      (ExitRecord, OLD_EXIT)):
+    for kind, old in (
+        (ResultRecord, OLD_RESULT),
+        (OwnerRecord, OLD_OWNER),
+        (ErrorRecord, OLD_COMMAND_ERROR),
+        (ExitRecord, OLD_EXIT),
+    ):
         assert {k: v for k, v in kind.from_dict(old).to_dict().items() if k != "schema"} == old
 
 
@@ -157,8 +249,16 @@ def test_files_without_a_schema_read_as_version_one(tmp_path: Path) -> None:
     assert result.overrides == ("recipe.x=1", "hydra.launcher.env.TOKEN=***")
     assert result.started_at == 1767225600.0 and result.num_nodes == 2
     owner = OwnerRecord.read(_write(tmp_path / "owner.json", OLD_OWNER))
-    assert owner == OwnerRecord(host="h1", pid=4242, started=1767225600.0, attempt="a1", name="probe-0",
-                                backend="slurm", job_id="0101-000000-abcd-0", scheduler_id="777")
+    assert owner == OwnerRecord(
+        host="h1",
+        pid=4242,
+        started=1767225600.0,
+        attempt="a1",
+        name="probe-0",
+        backend="slurm",
+        job_id="0101-000000-abcd-0",
+        scheduler_id="777",
+    )
     assert owner.schema == OWNER_SCHEMA
     error = ErrorRecord.read(_write(tmp_path / "error.0.json", OLD_ERROR))
     assert error == ErrorRecord(time=1767225601.0, exception="ValueError: boom", traceback="Traceback ...")
@@ -181,9 +281,22 @@ def test_keys_a_file_lacks_get_defaults_and_unknown_keys_are_ignored() -> None:
 
 
 def test_a_registry_result_of_the_previous_mmt_reads_typed() -> None:
-    record = JobRecord(name="probe-0", job_id="j", backend="local", job_dir="/x/0", sweep_dir="/x", attempt="a1",
-                       num_nodes=1, devices=1, machine="m", command=None, command_mode="per_node", overrides=[],
-                       state="FAILED", result=OLD_RESULT)
+    record = JobRecord(
+        name="probe-0",
+        job_id="j",
+        backend="local",
+        job_dir="/x/0",
+        sweep_dir="/x",
+        attempt="a1",
+        num_nodes=1,
+        devices=1,
+        machine="m",
+        command=None,
+        command_mode="per_node",
+        overrides=[],
+        state="FAILED",
+        result=OLD_RESULT,
+    )
     assert record.result_record().failure == FAILURE
     record.result = None
     assert record.result_record() is None
@@ -192,8 +305,10 @@ def test_a_registry_result_of_the_previous_mmt_reads_typed() -> None:
 # --------------------------------------------------------------------------------------- a newer mmt's records
 
 
-@pytest.mark.parametrize("kind, old", [(ResultRecord, OLD_RESULT), (OwnerRecord, OLD_OWNER),
-                                       (ErrorRecord, OLD_ERROR), (ExitRecord, OLD_EXIT)])
+@pytest.mark.parametrize(
+    "kind, old",
+    [(ResultRecord, OLD_RESULT), (OwnerRecord, OLD_OWNER), (ErrorRecord, OLD_ERROR), (ExitRecord, OLD_EXIT)],
+)
 def test_a_newer_schema_is_refused_saying_so(kind, old, tmp_path: Path) -> None:
     newer = {**old, "schema": kind.SCHEMA_VERSION + 1}
     with pytest.raises(UnknownSchemaError, match=r"schema 2, and this mmt knows up to schema 1.*newer mmt"):
@@ -238,8 +353,12 @@ def test_process_states_and_the_first_failure_from_the_previous_mmts_records(tmp
     _write(attempt.exit_file(1), {"code": 1, "stopped": False, "time": 1767225601.5})
     _write(attempt.exit_file(2), OLD_EXIT)  # stopped by mmt
     _write(attempt.error_file(3), OLD_COMMAND_ERROR)  # its command was killed, later
-    assert [process_state(attempt, i) for i in range(4)] == [ProcessState.SUCCEEDED, ProcessState.FAILED,
-                                                             ProcessState.STOPPED, ProcessState.FAILED]
+    assert [process_state(attempt, i) for i in range(4)] == [
+        ProcessState.SUCCEEDED,
+        ProcessState.FAILED,
+        ProcessState.STOPPED,
+        ProcessState.FAILED,
+    ]
     failure = first_failure(plan, attempt)
     assert failure is not None and failure.rank == 1 and failure.exception == "ValueError: boom"
     assert failure.exit_code == 1 and failure.signal is None  # the process's own status (not a command's)
@@ -303,7 +422,8 @@ def test_a_slurm_jobs_last_step_concludes_from_the_typed_records(tmp_path: Path,
     attempt = _attempt(tmp_path)
     write_atomic(attempt.plan, plain_pickle.dumps(plan), private=True)
     OwnerRecord.of_this_process(attempt="a1", name=plan.name, backend="slurm", scheduler_id="41").write(
-        JobDir(tmp_path / "0").owner)
+        JobDir(tmp_path / "0").owner
+    )
     ErrorRecord(exception="ValueError: boom", traceback="tb", time=2.0).write(attempt.error_file(1))
     ExitRecord(code=1, time=2.5).write(attempt.exit_file(1))
     ExitRecord(code=-15, stopped=True, time=3.0).write(attempt.exit_file(0))
@@ -330,17 +450,28 @@ def test_the_registry_keeps_the_result_as_a_dict_and_reads_it_typed(tmp_path: Pa
     registry = Registry(tmp_path / "registry.sqlite")
 
     def registered(name: str, attempt: str) -> JobRecord:
-        record = JobRecord(name=name, job_id="j", backend="local", job_dir=str(tmp_path / name),
-                           sweep_dir=str(tmp_path), attempt=attempt, num_nodes=1, devices=2, machine="m",
-                           command=None, command_mode="per_node", overrides=["x=1"], state="RUNNING")
+        record = JobRecord(
+            name=name,
+            job_id="j",
+            backend="local",
+            job_dir=str(tmp_path / name),
+            sweep_dir=str(tmp_path),
+            attempt=attempt,
+            num_nodes=1,
+            devices=2,
+            machine="m",
+            command=None,
+            command_mode="per_node",
+            overrides=["x=1"],
+            state="RUNNING",
+        )
         registry.add([record])
         return record
 
     # a job dir with this attempt's result: the registry gets it, as the file's dict
     done = registered("done-0", "a1")
     plan = _plan(tmp_path, name="done-0", job_dir=done.job_dir)
-    write_result(plan, result_record(plan, JobOutcome(JobState.COMPLETED, 1.0), {"loss": 1.5}, "a1",
-                                     ended_at=7.0))
+    write_result(plan, result_record(plan, JobOutcome(JobState.COMPLETED, 1.0), {"loss": 1.5}, "a1", ended_at=7.0))
     refreshed = local_records.refresh(done, registry)
     stored = registry.get("done-0")
     assert refreshed.state == stored.state == "COMPLETED" and stored.ended_at == 7.0

@@ -24,10 +24,16 @@ def _check_golden(name: str, text: str) -> None:
 
 
 def test_pass_through_options_and_site_settings():
-    settings = slurm_settings(partition="gpu", account="proj-42", qos="high", constraint="a100&ib", mem_gb=900,
-                         setup=["module load cuda/12.4", "source ~/venv/bin/activate"],
-                         sbatch_extra={"mail-type": "END", "exclusive": True, "comment": "lr sweep"},
-                         srun_extra=["--cpu-bind=cores"])
+    settings = slurm_settings(
+        partition="gpu",
+        account="proj-42",
+        qos="high",
+        constraint="a100&ib",
+        mem_gb=900,
+        setup=["module load cuda/12.4", "source ~/venv/bin/activate"],
+        sbatch_extra={"mail-type": "END", "exclusive": True, "comment": "lr sweep"},
+        srun_extra=["--cpu-bind=cores"],
+    )
     _check_golden("pass_through.sbatch", render(sbatch_plan(), settings))
 
 

@@ -149,8 +149,12 @@ def test_follow_from_the_last_lines_ends_with_the_job(home: Path, tmp_path: Path
 
 
 @pytest.mark.parametrize("rank", ["4", "-1", "100"])
-def test_a_rank_the_job_does_not_have_is_one_line_naming_what_it_has(home: Path, tmp_path: Path, capsys,  # type: ignore[no-untyped-def]
-                                                                    rank: str) -> None:
+def test_a_rank_the_job_does_not_have_is_one_line_naming_what_it_has(
+    home: Path,
+    tmp_path: Path,
+    capsys,  # type: ignore[no-untyped-def]
+    rank: str,
+) -> None:
     """Item 14: before, nothing was printed and the exit status was 0."""
     registered_job(home, "two-by-two", tmp_path / "job", num_nodes=2, devices=2, logs={r: f"r{r}\n" for r in range(4)})
     code, out, err = _cli(capsys, "logs", "two-by-two", "--rank", rank)
@@ -160,8 +164,9 @@ def test_a_rank_the_job_does_not_have_is_one_line_naming_what_it_has(home: Path,
 
 
 def test_a_per_node_command_job_names_its_machines(home: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    registered_job(home, "per-node", tmp_path / "job", num_nodes=2, devices=4, command_mode="per_node",
-                   logs={0: "n0\n", 1: "n1\n"})
+    registered_job(
+        home, "per-node", tmp_path / "job", num_nodes=2, devices=4, command_mode="per_node", logs={0: "n0\n", 1: "n1\n"}
+    )
     code, _, err = _cli(capsys, "logs", "per-node", "--rank", "2")
     assert code == 2 and "Invalid --rank 2: expected one of machines 0-1 of this 2-machine job" in _one_line(err)
     assert _cli(capsys, "logs", "per-node", "--rank", "1")[1] == "n1\n"
@@ -173,8 +178,9 @@ def test_a_tail_below_one_is_one_line(home: Path, tmp_path: Path, capsys, tail: 
     registered_job(home, "tails", tmp_path / "job", logs={0: "a\nb\n"})
     code, out, err = _cli(capsys, "logs", "tails", "--tail", tail)
     assert code == 2 and out == ""
-    assert _one_line(err) == (f"mmt: Invalid --tail {tail}: expected a whole number >= 1. HINT: leave it out for the "
-                              "whole log")
+    assert _one_line(err) == (
+        f"mmt: Invalid --tail {tail}: expected a whole number >= 1. HINT: leave it out for the whole log"
+    )
 
 
 def test_the_sdk_refuses_the_same_rank_and_tail(home: Path, tmp_path: Path) -> None:
@@ -213,9 +219,21 @@ def test_lightning_defaults_are_accepted(submitted: List[Any]) -> None:
     """Item 17: a Lightning user passes Lightning's defaults explicitly (interruptible=False was refused)."""
     from mmt import MMT, Job
 
-    Job.run(command="true", name="a", interruptible=False, studio=None, teamspace=None, cloud=None,
-            cloud_account_auth=False, reuse_snapshot=True, entrypoint="sh -c", max_run_attempts=1, tags=[],
-            path_mappings={}, keep_minutes=None)
+    Job.run(
+        command="true",
+        name="a",
+        interruptible=False,
+        studio=None,
+        teamspace=None,
+        cloud=None,
+        cloud_account_auth=False,
+        reuse_snapshot=True,
+        entrypoint="sh -c",
+        max_run_attempts=1,
+        tags=[],
+        path_mappings={},
+        keep_minutes=None,
+    )
     MMT.run(command="true", name="b", num_machines=2, interruptible=False)
     assert [s.name for s in submitted] == ["a", "b"] and submitted[1].num_machines == 2
 
@@ -227,11 +245,25 @@ def test_lightnings_positional_order_is_kept(submitted: List[Any]) -> None:
     Job.run("pos-job", Machine.T4, None, "echo hi")
     MMT.run("pos-mmt", 3, "A100_X_8", None, "echo hi")
     assert [(s.name, s.machine, s.command, s.num_machines) for s in submitted] == [
-        ("pos-job", "t4", "echo hi", 1), ("pos-mmt", "A100_X_8", "echo hi", 3)]
+        ("pos-job", "t4", "echo hi", 1),
+        ("pos-mmt", "A100_X_8", "echo hi", 3),
+    ]
 
 
-@pytest.mark.parametrize("given, minutes", [(3600, 60), (90.0, 1.5), ("1h", 60), ("90m", 90), ("3600s", 60),
-                                            ("1h30m", 90), (" 2 h ", 120), ("45", 0.75), ("1d", 1440)])
+@pytest.mark.parametrize(
+    "given, minutes",
+    [
+        (3600, 60),
+        (90.0, 1.5),
+        ("1h", 60),
+        ("90m", 90),
+        ("3600s", 60),
+        ("1h30m", 90),
+        (" 2 h ", 120),
+        ("45", 0.75),
+        ("1d", 1440),
+    ],
+)
 def test_max_runtime_takes_seconds_or_a_duration(submitted: List[Any], given: Any, minutes: float) -> None:
     """Item 17: max_runtime="1h" leaked a TypeError."""
     from mmt import Job
@@ -244,20 +276,27 @@ def test_max_runtime_takes_seconds_or_a_duration(submitted: List[Any], given: An
 def test_a_max_runtime_that_is_no_duration_is_one_clear_line(submitted: List[Any], given: Any) -> None:
     from mmt import Job
 
-    with pytest.raises(ConfigError, match=r"^Invalid max_runtime=.*: expected a duration > 0: seconds \(3600\), or "
-                                          r"with units: 90s, 90m, 1h, 1h30m, 2d\.$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^Invalid max_runtime=.*: expected a duration > 0: seconds \(3600\), or "
+        r"with units: 90s, 90m, 1h, 1h30m, 2d\.$",
+    ):
         Job.run(command="true", max_runtime=given)
     assert submitted == []
 
 
-@pytest.mark.parametrize("key, value, hint", [
-    ("cloud_account", "acct", "mmt runs on this host or on SLURM: use cluster="),
-    ("interruptible", True, "preemption is SLURM's"),
-    ("studio", "s", "mmt runs in this environment"),
-    ("max_run_attempts", 3, "hydra.launcher.max_requeues"),
-])
+@pytest.mark.parametrize(
+    "key, value, hint",
+    [
+        ("cloud_account", "acct", "mmt runs on this host or on SLURM: use cluster="),
+        ("interruptible", True, "preemption is SLURM's"),
+        ("studio", "s", "mmt runs in this environment"),
+        ("max_run_attempts", 3, "hydra.launcher.max_requeues"),
+    ],
+)
 def test_lightning_parameters_with_a_meaning_elsewhere_are_refused_with_the_equivalent(
-        submitted: List[Any], key: str, value: Any, hint: str) -> None:
+    submitted: List[Any], key: str, value: Any, hint: str
+) -> None:
     """Item 17: cloud_account= was a bare TypeError."""
     from mmt import Job
 
@@ -280,10 +319,18 @@ def test_machine_names_and_from_str_are_lightnings() -> None:
 
     assert Machine.A100_X_8.name == "A100_X_8" and Machine.A100_X_8 == "a100_x_8" and str(Machine.T4) == "t4"
     assert f"{Machine.CPU}" == "cpu"
-    for text, name in [("A100_X_8", "A100_X_8"), ("a100-x-8", "A100_X_8"), ("lit-a100-8", "A100_X_8"),
-                       ("cpu-4", "CPU"), ("cpu-2", "CPU_SMALL"), ("lit-t4-1-small", "T4_SMALL"),
-                       ("lit-rtx-6000-pro-2", "RTXP_6000_X_2"), ("lit-h200x-8", "H200_X_8"),
-                       ("p4d.24xlarge", "A100_X_8"), (Machine.L4, "L4")]:
+    for text, name in [
+        ("A100_X_8", "A100_X_8"),
+        ("a100-x-8", "A100_X_8"),
+        ("lit-a100-8", "A100_X_8"),
+        ("cpu-4", "CPU"),
+        ("cpu-2", "CPU_SMALL"),
+        ("lit-t4-1-small", "T4_SMALL"),
+        ("lit-rtx-6000-pro-2", "RTXP_6000_X_2"),
+        ("lit-h200x-8", "H200_X_8"),
+        ("p4d.24xlarge", "A100_X_8"),
+        (Machine.L4, "L4"),
+    ]:
         assert Machine.from_str(text).name == name, text
     site = Machine.from_str("my_site_box")  # Lightning: an ad-hoc machine; here a site's conf/machine/ entry
     assert (site.name, site.value, isinstance(site, Machine)) == ("MY_SITE_BOX", "my_site_box", True)
@@ -298,8 +345,12 @@ def test_the_handle_has_link_json_dict_and_a_lightning_machine(home: Path, tmp_p
     job = Job.get("facts")
     assert job.link == (tmp_path / "job").as_uri()
     facts = json.loads(job.json())
-    assert (facts["name"], facts["status"], facts["topology"], facts["dir_exists"]) == ("facts", "Completed",
-                                                                                        "2 x 1", True)
+    assert (facts["name"], facts["status"], facts["topology"], facts["dir_exists"]) == (
+        "facts",
+        "Completed",
+        "2 x 1",
+        True,
+    )
     assert job.dict() == facts
     assert job.machine.name == "A100_X_8" and job.machine == "a100_x_8"
 
@@ -307,14 +358,17 @@ def test_the_handle_has_link_json_dict_and_a_lightning_machine(home: Path, tmp_p
 def test_a_lightning_flag_is_not_taken_for_a_longer_one(home: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     """Item 17: argparse's prefix matching read --cloud-account as --cloud-account-auth, with that flag's hint."""
     code, _, err = _cli(capsys, "run", "--command", "true", "--cloud-account", "acct")
-    assert code == 2 and _one_line(err) == ("mmt: --cloud-account is a Lightning AI flag that mmt does not have. HINT: "
-                                            "mmt runs on this host or on SLURM: use --cluster local|slurm|<site "
-                                            "config>")
+    assert code == 2 and _one_line(err) == (
+        "mmt: --cloud-account is a Lightning AI flag that mmt does not have. HINT: "
+        "mmt runs on this host or on SLURM: use --cluster local|slurm|<site "
+        "config>"
+    )
     code, _, err = _cli(capsys, "run", "--command", "true", "--interruptible")  # Lightning's is a flag, no value
     assert code == 2 and "--interruptible is a Lightning AI flag" in _one_line(err)
     code, _, err = _cli(capsys, "run", "--command", "true", "--num-machine", "2")  # a prefix is no flag either
-    assert code == 2 and _one_line(err).startswith("mmt run: unknown flag --num-machine. HINT: did you mean "
-                                                   "--num-machines")
+    assert code == 2 and _one_line(err).startswith(
+        "mmt run: unknown flag --num-machine. HINT: did you mean --num-machines"
+    )
 
 
 # --------------------------------------------------------------------------------- item 18: a deleted job dir
@@ -331,8 +385,11 @@ def test_a_deleted_job_dir_is_said_not_shown_as_empty_logs(home: Path, tmp_path:
     job = Job.get("gone")
     assert job.status.value == "Completed"  # what was recorded
     for read in (lambda: job.logs(), lambda: job.logs(tail=1), lambda: job.machines[1].logs):
-        with pytest.raises(UsageError, match=f"the job dir {job_dir} of gone was deleted: its logs and files are "
-                                             "gone \\(the registry still records it as Completed\\)"):
+        with pytest.raises(
+            UsageError,
+            match=f"the job dir {job_dir} of gone was deleted: its logs and files are "
+            "gone \\(the registry still records it as Completed\\)",
+        ):
             read()
     code, out, err = _cli(capsys, "logs", "gone")
     assert code == 2 and out == "" and "was deleted" in _one_line(err)
@@ -351,15 +408,18 @@ def test_a_corrupt_registry_is_one_line_saying_what_to_do(home: Path, capsys) ->
     for argv in (["list"], ["inspect", "x"], ["logs", "x"], ["stop", "x"], ["wait", "x"], ["delete", "x"]):
         code, _, err = _cli(capsys, *argv)
         line = _one_line(err)
-        assert code == 2 and line.startswith(f"mmt: the job registry {home / 'registry.sqlite'} cannot be used: "
-                                             "file is not a database. HINT: the file is damaged: move it aside"), argv
+        assert code == 2 and line.startswith(
+            f"mmt: the job registry {home / 'registry.sqlite'} cannot be used: "
+            "file is not a database. HINT: the file is damaged: move it aside"
+        ), argv
 
 
 def test_planner_errors_name_the_flag_that_was_typed(home: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     """Low: --num-machines 0 was reported as num_nodes, --max-runtime -5 in minutes of hydra.launcher.timeout_min."""
     code, _, err = _cli(capsys, "run", "--command", "true", "--num-machines", "0", "--dry-run")
-    assert code == 2 and _one_line(err) == ("mmt: Invalid --num-machines 0: expected a whole number >= 1. HINT: "
-                                            "machines per job, e.g. --num-machines 2")
+    assert code == 2 and _one_line(err) == (
+        "mmt: Invalid --num-machines 0: expected a whole number >= 1. HINT: machines per job, e.g. --num-machines 2"
+    )
     code, _, err = _cli(capsys, "run", "--command", "true", "--max-runtime", "-5", "--dry-run")
     assert code == 2 and _one_line(err).startswith("mmt: Invalid --max-runtime -5: expected a duration > 0")
     code, _, err = _cli(capsys, "run", "--command", "true", "--devices", "0", "--dry-run")
@@ -371,10 +431,18 @@ def test_planner_errors_name_the_flag_that_was_typed(home: Path, capsys) -> None
     assert code == 0 and "time limit 90 min" in out
 
 
-@pytest.mark.parametrize("flag, typed, listed, close", [("--machine", "A100X8", "a100, a100_x_2", "a100_x_8"),
-                                                        ("--cluster", "slrum", "local, slurm", "slurm")])
-def test_a_mistyped_machine_or_cluster_is_one_line_listing_what_exists(home: Path, capsys, flag: str,  # type: ignore[no-untyped-def]
-                                                                      typed: str, listed: str, close: str) -> None:
+@pytest.mark.parametrize(
+    "flag, typed, listed, close",
+    [("--machine", "A100X8", "a100, a100_x_2", "a100_x_8"), ("--cluster", "slrum", "local, slurm", "slurm")],
+)
+def test_a_mistyped_machine_or_cluster_is_one_line_listing_what_exists(
+    home: Path,
+    capsys,
+    flag: str,  # type: ignore[no-untyped-def]
+    typed: str,
+    listed: str,
+    close: str,
+) -> None:
     """Low: a 47-line Hydra dump before."""
     code, _, err = _cli(capsys, "run", "--command", "true", flag, typed, "--dry-run")
     line = _one_line(err)
@@ -393,8 +461,9 @@ def test_a_dashboard_port_out_of_range_is_one_line(capsys) -> None:  # type: ign
     """Low: --port 99999 was an OverflowError traceback."""
     for port in ("99999", "-1"):
         code, _, err = _cli(capsys, "dashboard", "--port", port)
-        assert code == 2 and _one_line(err) == (f"mmt dashboard: Invalid --port {port}: expected a port 0-65535 (0: "
-                                                "any free port)")
+        assert code == 2 and _one_line(err) == (
+            f"mmt dashboard: Invalid --port {port}: expected a port 0-65535 (0: any free port)"
+        )
 
 
 def test_detach_with_dashboard_is_refused_not_dropped(home: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -407,9 +476,14 @@ def test_detach_with_dashboard_is_refused_not_dropped(home: Path, capsys, monkey
 
     monkeypatch.setattr(prepare, "make_backend", no_backend)
     code, _, err = _cli(capsys, "run", "--command", "true", "--detach", "--dashboard")
-    assert code == 2 and _one_line(err).startswith("mmt: --dashboard serves the live page for as long as an attached "
-                                                   "run lasts, and --detach returns at once. HINT: leave --dashboard "
-                                                   "out, and run `mmt dashboard`")
-    with pytest.raises(ConfigError, match=r"Invalid hydra.launcher.dashboard=True: the live page lasts as long as an "
-                                          r"attached run"):
+    assert code == 2 and _one_line(err).startswith(
+        "mmt: --dashboard serves the live page for as long as an attached "
+        "run lasts, and --detach returns at once. HINT: leave --dashboard "
+        "out, and run `mmt dashboard`"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"Invalid hydra.launcher.dashboard=True: the live page lasts as long as an "
+        r"attached run",
+    ):
         submit.run(submit.RunSpec(command="true", detach=True, overrides=["hydra.launcher.dashboard=true"]))

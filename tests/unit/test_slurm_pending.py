@@ -45,21 +45,25 @@ SCONTROL_JOB = (
     "ExcNodeList=(null) NodeList= NumNodes=3-3 NumCPUs=12 NumTasks=3 CPUs/Task=4 ReqB:S:C:T=0:0:*:* "
     "TRES=cpu=12,node=3,billing=12 Socks/Node=* NtasksPerN:B:S:C=1:0:*:* CoreSpec=* MinCPUsNode=4 MinMemoryNode=0 "
     "MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 OverSubscribe=OK Contiguous=0 Licenses=(null) "
-    "Network=(null) Command=/tmp/sweep/.submitit/submission.sh WorkDir=/work/main Power=")
+    "Network=(null) Command=/tmp/sweep/.submitit/submission.sh WorkDir=/work/main Power="
+)
 SCONTROL_PARTITION = (
     "PartitionName=debug AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL Default=YES QoS=N/A "
     "DefaultTime=NONE DisableRootJobs=NO ExclusiveUser=NO GraceTime=0 Hidden=NO MaxNodes=UNLIMITED "
     "MaxTime=UNLIMITED MinNodes=0 LLN=NO MaxCPUsPerNode=UNLIMITED Nodes=node[1-2] PriorityJobFactor=1 "
     "PriorityTier=1 RootOnly=NO ReqResv=NO OverSubscribe=NO OverTimeLimit=NONE PreemptMode=OFF State=UP "
     "TotalCPUs=8 TotalNodes=2 SelectTypeParameters=NONE JobDefaults=(null) DefMemPerNode=UNLIMITED "
-    "MaxMemPerNode=UNLIMITED TRES=cpu=8,mem=48210M,node=2,billing=8")
+    "MaxMemPerNode=UNLIMITED TRES=cpu=8,mem=48210M,node=2,billing=8"
+)
 SINFO = "2|4|24105|(null)\n"
 
 
 def _facts(job: Optional[str] = SCONTROL_JOB, partition: Optional[str] = SCONTROL_PARTITION) -> pending.Facts:
-    return pending.Facts(job=queue.parse_fields(job) if job else None,
-                         partition=queue.parse_fields(partition) if partition else None,
-                         kinds=queue.parse_sinfo(SINFO))
+    return pending.Facts(
+        job=queue.parse_fields(job) if job else None,
+        partition=queue.parse_fields(partition) if partition else None,
+        kinds=queue.parse_sinfo(SINFO),
+    )
 
 
 # ------------------------------------------------------------------------------------------ the queue's reasons
@@ -107,30 +111,75 @@ def test_scontrols_one_line_reads_with_values_that_hold_spaces():
     spaced = queue.parse_fields("JobId=22 Reason=ReqNodeNotAvail, UnavailableNodes:node1 Dependency=(null)")
     assert spaced["Reason"] == "ReqNodeNotAvail, UnavailableNodes:node1" and spaced["Dependency"] == "(null)"
     assert queue.parse_sinfo("2|4|24105|(null)\n1|8|64000|gpu:2\n1|4|24105|(null)\n") == [
-        queue.NodeKind(3, "4", "24105"), queue.NodeKind(1, "8", "64000", "gpu:2")]
+        queue.NodeKind(3, "4", "24105"),
+        queue.NodeKind(1, "8", "64000", "gpu:2"),
+    ]
 
 
 # --------------------------------------------------------------------------- which reasons never resolve by waiting
 
 
-@pytest.mark.parametrize("reason", [
-    "PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount", "InvalidQOS",
-    "AccountNotAllowed", "QOSNotAllowed", "DependencyNeverSatisfied", "ReservationDeleted", "MaxMemPerLimit",
-    "QOSMaxNodePerJobLimit", "QOSMaxCpuPerJobLimit", "QOSMaxWallDurationPerJobLimit", "AssocMaxCpuPerJobLimit",
-    "AssocMaxWallDurationPerJobLimit", "QOSMaxMemoryPerNode", "AssocMaxGRESPerJob", "QOSMinCpuNotSatisfied",
-    "QOSMinGRES"])
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "PartitionConfig",
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+        "BadConstraints",
+        "InvalidAccount",
+        "InvalidQOS",
+        "AccountNotAllowed",
+        "QOSNotAllowed",
+        "DependencyNeverSatisfied",
+        "ReservationDeleted",
+        "MaxMemPerLimit",
+        "QOSMaxNodePerJobLimit",
+        "QOSMaxCpuPerJobLimit",
+        "QOSMaxWallDurationPerJobLimit",
+        "AssocMaxCpuPerJobLimit",
+        "AssocMaxWallDurationPerJobLimit",
+        "QOSMaxMemoryPerNode",
+        "AssocMaxGRESPerJob",
+        "QOSMinCpuNotSatisfied",
+        "QOSMinGRES",
+    ],
+)
 def test_reasons_that_never_resolve(reason):
     assert pending.never_resolves(reason)
     assert pending.explain(reason)
 
 
-@pytest.mark.parametrize("reason", [
-    "Resources", "Priority", "Dependency", "BeginTime", "JobHeldUser", "JobHeldAdmin", "ReqNodeNotAvail",
-    "ReqNodeNotAvail, UnavailableNodes:node1", "NodeDown", "PartitionDown", "PartitionInactive", "Reservation",
-    "Licenses", "AssocMaxJobsLimit", "AssociationJobLimit", "QOSJobLimit", "QOSGrpCpuLimit", "AssocGrpNodeLimit",
-    "QOSMaxJobsPerUserLimit", "QOSMaxCpuPerUserLimit", "MaxCpuPerAccount", "QOSMaxSubmitJobPerUserLimit",
-    "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions", "Prolog", "",
-    "SomethingNew"])
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "Resources",
+        "Priority",
+        "Dependency",
+        "BeginTime",
+        "JobHeldUser",
+        "JobHeldAdmin",
+        "ReqNodeNotAvail",
+        "ReqNodeNotAvail, UnavailableNodes:node1",
+        "NodeDown",
+        "PartitionDown",
+        "PartitionInactive",
+        "Reservation",
+        "Licenses",
+        "AssocMaxJobsLimit",
+        "AssociationJobLimit",
+        "QOSJobLimit",
+        "QOSGrpCpuLimit",
+        "AssocGrpNodeLimit",
+        "QOSMaxJobsPerUserLimit",
+        "QOSMaxCpuPerUserLimit",
+        "MaxCpuPerAccount",
+        "QOSMaxSubmitJobPerUserLimit",
+        "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions",
+        "Prolog",
+        "",
+        "SomethingNew",
+    ],
+)
 def test_reasons_that_resolve_by_waiting(reason):
     assert not pending.never_resolves(reason)
     assert pending.verdict("24", reason, _facts()) is None
@@ -153,8 +202,10 @@ def test_partition_node_limit_is_never_only_when_the_partition_is_too_small():
     fits = _facts(job=SCONTROL_JOB.replace("NumNodes=3-3", "NumNodes=2-2"))
     assert pending.verdict("27", "PartitionNodeLimit", fits) is None
     # a per-job maximum of the partition
-    capped = _facts(job=SCONTROL_JOB.replace("NumNodes=3-3", "NumNodes=2-2"),
-                    partition=SCONTROL_PARTITION.replace("MaxNodes=UNLIMITED", "MaxNodes=1"))
+    capped = _facts(
+        job=SCONTROL_JOB.replace("NumNodes=3-3", "NumNodes=2-2"),
+        partition=SCONTROL_PARTITION.replace("MaxNodes=UNLIMITED", "MaxNodes=1"),
+    )
     assert "at most 1 nodes per job" in pending.verdict("27", "PartitionNodeLimit", capped)
 
 
@@ -162,9 +213,18 @@ def test_check_asks_slurm_only_for_a_reason_that_never_resolves(monkeypatch):
     calls = _answers(monkeypatch, {"scontrol": None, "sinfo": None})
     assert pending.check("26", "BeginTime") is None and calls == []
     calls = _answers(monkeypatch, {})
-    monkeypatch.setattr(queue, "_run", lambda args, env=None: calls.append(args) or {
-        ("scontrol", "job"): SCONTROL_JOB, ("scontrol", "partition"): SCONTROL_PARTITION,
-        ("sinfo", "-h"): SINFO}.get((args[0], args[2] if args[0] == "scontrol" else args[1])))
+    monkeypatch.setattr(
+        queue,
+        "_run",
+        lambda args, env=None: (
+            calls.append(args)
+            or {
+                ("scontrol", "job"): SCONTROL_JOB,
+                ("scontrol", "partition"): SCONTROL_PARTITION,
+                ("sinfo", "-h"): SINFO,
+            }.get((args[0], args[2] if args[0] == "scontrol" else args[1]))
+        ),
+    )
     message = pending.check("24", "PartitionConfig")
     assert message is not None and "partition debug offers 2 nodes" in message
     assert [c[0] for c in calls] == ["scontrol", "scontrol", "sinfo"]
@@ -184,8 +244,13 @@ def test_the_scheduler_record_round_trips_and_says_what_the_state_does_not():
     assert lost.note() == f"slurmctld not answering since {clock(lost.unreachable_since)}"
     assert lost.note(final=True) is None
     assert lost.seen("PENDING", "BeginTime", "x").unreachable_since is None  # it answers again
-    never = SchedulerRecord(scheduler_id="24", state="PENDING", reason="PartitionConfig", never_starts=True,
-                            message="SLURM job 24 can never start ...")
+    never = SchedulerRecord(
+        scheduler_id="24",
+        state="PENDING",
+        reason="PartitionConfig",
+        never_starts=True,
+        message="SLURM job 24 can never start ...",
+    )
     assert never.note(final=True) == "can never start: PartitionConfig" and never.describe() == never.message
 
 
@@ -193,10 +258,21 @@ def test_the_scheduler_record_round_trips_and_says_what_the_state_does_not():
 
 
 def _plan(tmp_path: Path, num_nodes: int = 3) -> JobPlan:
-    return JobPlan(num=0, name="never-0", job_id="1203-150305-abcd-0", overrides=(f"num_nodes={num_nodes}",),
-                   job_dir=str(tmp_path / "0"), num_nodes=num_nodes, devices=1,
-                   machine=Machine(name="cpu", accelerator="cpu", gpus=0, cpus=4, memory_gb=16, price_per_hour=0.0),
-                   image=None, command=None, command_mode="per_node", env={}, timeout_s=3600.0)
+    return JobPlan(
+        num=0,
+        name="never-0",
+        job_id="1203-150305-abcd-0",
+        overrides=(f"num_nodes={num_nodes}",),
+        job_dir=str(tmp_path / "0"),
+        num_nodes=num_nodes,
+        devices=1,
+        machine=Machine(name="cpu", accelerator="cpu", gpus=0, cpus=4, memory_gb=16, price_per_hour=0.0),
+        image=None,
+        command=None,
+        command_mode="per_node",
+        env={},
+        timeout_s=3600.0,
+    )
 
 
 def _attempt(tmp_path: Path, plan: JobPlan) -> Attempt:
@@ -227,8 +303,12 @@ class FakeSlurm:
 def _watched(tmp_path: Path, job_id: str, num_nodes: int = 3):
     backend = SlurmBackend(slurm_settings())
     plan = _plan(tmp_path, num_nodes)
-    job = SlurmJob(submission=Submission(plan=plan, attempt=_attempt(tmp_path, plan)), job_id=job_id,
-                   stderr=Path("/nonexistent"), submitted=time.monotonic())
+    job = SlurmJob(
+        submission=Submission(plan=plan, attempt=_attempt(tmp_path, plan)),
+        job_id=job_id,
+        stderr=Path("/nonexistent"),
+        submitted=time.monotonic(),
+    )
     backend._watched.append(job)
     return backend, job
 
@@ -252,8 +332,9 @@ def test_the_launcher_shows_a_reason_that_resolves_once_and_waits(tmp_path, monk
         backend.wait(0)
         assert backend.poll(job).state == JobState.PENDING
     waits = [n for n in backend.drain_notices() if "waits in SLURM's queue" in n]
-    assert waits == ["mmt: job 0 (never-0) waits in SLURM's queue (job 26): BeginTime (its start time has not come "
-                     "yet)"]
+    assert waits == [
+        "mmt: job 0 (never-0) waits in SLURM's queue (job 26): BeginTime (its start time has not come yet)"
+    ]
     assert slurm.cancelled == [] and read_scheduler(job.attempt).reason == "BeginTime"
     slurm.squeue = "26|RUNNING|0|None|\n"
     backend._next_query = 0.0  # the next poll asks the queue again
@@ -288,9 +369,14 @@ def test_sbatchs_refusal_is_one_line_naming_the_request_and_the_partition(tmp_pa
     monkeypatch.setattr(queue, "default_partition", lambda: "debug")
     big = Machine(name="cpu_x_8", accelerator="cpu", gpus=0, cpus=8, memory_gb=32, price_per_hour=0.0)
     plan = replace(_plan(tmp_path, num_nodes=1), machine=big)
-    refusal = _refusal(FailedJobError("sbatch: error: CPU count per node can not be satisfied\nsbatch: error: Batch "
-                                      "job submission failed: Requested node configuration is not available"),
-                       plan, slurm_settings())
+    refusal = _refusal(
+        FailedJobError(
+            "sbatch: error: CPU count per node can not be satisfied\nsbatch: error: Batch "
+            "job submission failed: Requested node configuration is not available"
+        ),
+        plan,
+        slurm_settings(),
+    )
     assert isinstance(refusal, SubmissionRefused) and "\n" not in str(refusal)
     assert "sbatch refused it: CPU count per node can not be satisfied; Batch job submission failed" in str(refusal)
     assert "it asks 1 node(s) x 1 task(s) x 8 CPUs (machine cpu_x_8)" in str(refusal)
@@ -306,10 +392,23 @@ def _registered(tmp_path: Path, monkeypatch, job_id: str, state: str = "PENDING"
     registry = Registry()
     plan = _plan(tmp_path, num_nodes)
     attempt = _attempt(tmp_path, plan)
-    record = JobRecord(name=plan.name, job_id=plan.job_id, backend="slurm", job_dir=plan.job_dir,
-                       sweep_dir=str(tmp_path), attempt=attempt.id, num_nodes=num_nodes, devices=1, machine="cpu",
-                       command=None, command_mode="per_node", overrides=list(plan.overrides), state=state,
-                       scheduler_id=job_id, created_at=time.time())
+    record = JobRecord(
+        name=plan.name,
+        job_id=plan.job_id,
+        backend="slurm",
+        job_dir=plan.job_dir,
+        sweep_dir=str(tmp_path),
+        attempt=attempt.id,
+        num_nodes=num_nodes,
+        devices=1,
+        machine="cpu",
+        command=None,
+        command_mode="per_node",
+        overrides=list(plan.overrides),
+        state=state,
+        scheduler_id=job_id,
+        created_at=time.time(),
+    )
     registry.add([record])
     return registry, record, attempt
 
@@ -324,16 +423,23 @@ def test_mmt_list_cancels_a_job_that_can_never_start_and_shows_it_failed_with_th
     result = registry.get(record.name).result_record()
     assert "SLURM job 24 can never start, so mmt cancelled it: PartitionConfig" in result.error
     [row] = _rows([record])
-    assert (row["status"], row["reason"], row["note"]) == ("Failed", "PartitionConfig",
-                                                            "can never start: PartitionConfig")
+    assert (row["status"], row["reason"], row["note"]) == (
+        "Failed",
+        "PartitionConfig",
+        "can never start: PartitionConfig",
+    )
 
 
 def test_a_job_cancelled_because_it_could_never_start_is_failed_not_cancelled_outside(tmp_path, monkeypatch):
     FakeSlurm(monkeypatch, "24|CANCELLED|0|PartitionConfig|\n")
     registry, record, attempt = _registered(tmp_path, monkeypatch, "24")
-    SchedulerRecord(scheduler_id="24", state="PENDING", reason="PartitionConfig", never_starts=True,
-                    message="SLURM job 24 can never start, so mmt cancelled it: PartitionConfig").write(
-                        attempt.scheduler)
+    SchedulerRecord(
+        scheduler_id="24",
+        state="PENDING",
+        reason="PartitionConfig",
+        never_starts=True,
+        message="SLURM job 24 can never start, so mmt cancelled it: PartitionConfig",
+    ).write(attempt.scheduler)
     record = records.refresh(record, registry)
     assert record.state == "FAILED" and "can never start" in record.result_record().error
 
@@ -346,8 +452,11 @@ def test_mmt_list_shows_why_a_job_waits(tmp_path, monkeypatch):
     record = records.refresh(record, registry)
     assert slurm.cancelled == [] and record.state == "PENDING"
     [row] = _rows([record])
-    assert (row["status"], row["reason"], row["note"]) == ("Pending", "ReqNodeNotAvail, UnavailableNodes:node1",
-                                                            "ReqNodeNotAvail, UnavailableNodes:node1")
+    assert (row["status"], row["reason"], row["note"]) == (
+        "Pending",
+        "ReqNodeNotAvail, UnavailableNodes:node1",
+        "ReqNodeNotAvail, UnavailableNodes:node1",
+    )
 
 
 def test_a_stopping_job_whose_cluster_is_gone_says_so_instead_of_stopping_for_good(tmp_path, monkeypatch):
@@ -373,21 +482,27 @@ def test_the_live_page_shows_why_a_job_waits_and_that_one_could_never_start(tmp_
 
     plan = _plan(tmp_path, num_nodes=1)
     attempt = _attempt(tmp_path, plan)
-    OwnerRecord.of_this_process(attempt=attempt.id, name=plan.name, backend="slurm", job_id=plan.job_id,
-                                scheduler_id="22").write(JobDir(Path(plan.job_dir)).owner)
-    SchedulerRecord(scheduler_id="22").seen("PENDING", "ReqNodeNotAvail, UnavailableNodes:node1",
-                                            pending.explain("ReqNodeNotAvail")).write(attempt.scheduler)
+    OwnerRecord.of_this_process(
+        attempt=attempt.id, name=plan.name, backend="slurm", job_id=plan.job_id, scheduler_id="22"
+    ).write(JobDir(Path(plan.job_dir)).owner)
+    SchedulerRecord(scheduler_id="22").seen(
+        "PENDING", "ReqNodeNotAvail, UnavailableNodes:node1", pending.explain("ReqNodeNotAvail")
+    ).write(attempt.scheduler)
     root = Path(plan.job_dir)
     summary = data.job_summary("x", root)
     assert summary["status"] == "PENDING"  # not RUNNING: it waits in the queue
     assert summary["reason"] == summary["note"] == "ReqNodeNotAvail, UnavailableNodes:node1"
     message = "SLURM job 22 can never start, so mmt cancelled it: PartitionConfig (...)"
-    SchedulerRecord(scheduler_id="22", state="PENDING", reason="PartitionConfig", never_starts=True,
-                    message=message).write(attempt.scheduler)
+    SchedulerRecord(
+        scheduler_id="22", state="PENDING", reason="PartitionConfig", never_starts=True, message=message
+    ).write(attempt.scheduler)
     ResultRecord(status=JobState.FAILED, attempt=attempt.id, error=f"job 0: {message}").write(root / "result.json")
     detail = data.job_detail("x", root)
-    assert (detail["status"], detail["reason"], detail["note"]) == ("FAILED", "PartitionConfig",
-                                                                    "can never start: PartitionConfig")
+    assert (detail["status"], detail["reason"], detail["note"]) == (
+        "FAILED",
+        "PartitionConfig",
+        "can never start: PartitionConfig",
+    )
     assert detail["error"] == f"job 0: {message}"
     # a record that is not one (a newer mmt's, a foreign file) says nothing, and breaks nothing
     attempt.scheduler.write_text('{"schema": 99, "state": "PENDING"}')

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mmt.tune import TuneSettings, Trial, choose, refine, search
+from mmt.tune import Trial, TuneSettings, choose, refine, search
 
 
 def _fake(limit: int, rates=None):
@@ -16,8 +16,12 @@ def _fake(limit: int, rates=None):
     def run(micro: int) -> Trial:
         calls.append(micro)
         fits = micro <= limit
-        return Trial(micro, fits, samples_per_s=(rates or (lambda m: float(m)))(micro) if fits else None,
-                     why="" if fits else "oom")
+        return Trial(
+            micro,
+            fits,
+            samples_per_s=(rates or (lambda m: float(m)))(micro) if fits else None,
+            why="" if fits else "oom",
+        )
 
     return run, calls
 
@@ -48,8 +52,7 @@ def test_search_stops_at_max_micro_and_within_max_trials():
 
 
 def test_choose_takes_the_fastest_below_the_margin_not_the_largest():
-    trials = [Trial(m, True, samples_per_s=r) for m, r in ((8, 80.0), (16, 99.0), (32, 100.0), (64, 60.0),
-                                                           (70, 120.0))]
+    trials = [Trial(m, True, samples_per_s=r) for m, r in ((8, 80.0), (16, 99.0), (32, 100.0), (64, 60.0), (70, 120.0))]
     trials.append(Trial(128, False, why="oom"))
     settings = TuneSettings(budget_gb=1, margin=0.1, tie=0.02)
     chosen, largest, cap = choose(trials, settings)

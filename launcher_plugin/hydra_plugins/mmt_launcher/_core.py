@@ -84,8 +84,14 @@ def _optimised(job: prepare.HydraJob, ret: JobReturn, key: Optional[str]) -> Job
         ret.return_value = float(number)
         return ret
     keys = ", ".join(map(str, value)) if isinstance(value, dict) else type(value).__name__
-    return _failed_return(job, InvalidJobError(job.prepared.plan.label, f"the job returned no number under "
-                                               f"{key!r} (it returned {keys}). HINT: set optimized_metric=<key>"), ret)
+    return _failed_return(
+        job,
+        InvalidJobError(
+            job.prepared.plan.label,
+            f"the job returned no number under {key!r} (it returned {keys}). HINT: set optimized_metric=<key>",
+        ),
+        ret,
+    )
 
 
 def _job_return(job: prepare.HydraJob, report: engine.JobReport, key: Optional[str]) -> JobReturn:
@@ -98,13 +104,23 @@ def _dry_run(jobs: List[prepare.HydraJob], backend: Backend[Any]) -> List[JobRet
     print(f"mmt dry run: {len(jobs)} job(s) on cluster={backend.name}; nothing is started\n")
     for job in jobs:
         print(dryrun.render(job.prepared.plan, backend.describe(job.prepared.plan)) + "\n")
-    return [JobReturn(overrides=list(job.prepared.plan.overrides), cfg=job.config, hydra_cfg=None,
-                      working_dir=job.prepared.plan.job_dir, task_name=str(job.config.hydra.job.name),
-                      status=JobStatus.COMPLETED, _return_value=None) for job in jobs]
+    return [
+        JobReturn(
+            overrides=list(job.prepared.plan.overrides),
+            cfg=job.config,
+            hydra_cfg=None,
+            working_dir=job.prepared.plan.job_dir,
+            task_name=str(job.config.hydra.job.name),
+            status=JobStatus.COMPLETED,
+            _return_value=None,
+        )
+        for job in jobs
+    ]
 
 
-def launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
-           initial_job_idx: int) -> Sequence[JobReturn]:
+def launch(
+    launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+) -> Sequence[JobReturn]:
     assert launcher.hydra_context is not None  # set by the launcher's setup()
     try:
         return _launch(launcher, job_overrides, initial_job_idx)
@@ -112,8 +128,9 @@ def launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
         forget_composed(launcher.hydra_context.config_loader)
 
 
-def _launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
-            initial_job_idx: int) -> Sequence[JobReturn]:
+def _launch(
+    launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+) -> Sequence[JobReturn]:
     setup_globals()
     config, context, backend = launcher.config, launcher.hydra_context, launcher.backend
     assert config is not None and context is not None and backend is not None  # set by the launcher's setup()
@@ -128,8 +145,14 @@ def _launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
     for i, overrides in enumerate(job_overrides):
         num = initial_job_idx + i
         try:
-            job = prepare.prepare_job(hydra_context=context, master=config, task_function=launcher.task_function,
-                                      backend=backend, overrides=overrides, num=num)
+            job = prepare.prepare_job(
+                hydra_context=context,
+                master=config,
+                task_function=launcher.task_function,
+                backend=backend,
+                overrides=overrides,
+                num=num,
+            )
             if not job.prepared.plan.dry_run:
                 engine.refuse_unrunnable(backend, [job.prepared.plan])
             jobs[num] = job
@@ -142,17 +165,19 @@ def _launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
     mode = ConsoleMode(check.choice("hydra.launcher.console", config.hydra.launcher.console, values(ConsoleMode)))
     options = engine.LaunchOptions(sweep_dir=sweep_dir, console=mode, registry=prepare.open_registry())
     if bool(OmegaConf.select(config, "hydra.launcher.detach")):
-        return _detach(config, list(jobs.values()), backend, options, up_front, refused, job_overrides,
-                       initial_job_idx)
+        return _detach(config, list(jobs.values()), backend, options, up_front, refused, job_overrides, initial_job_idx)
     prepare.start_plotter(sweep_dir, [job.prepared.plan.job_dir for job in jobs.values()])
     console = Console()
     page = prepare.start_dashboard(config.hydra.launcher, sweep_dir, console)
-    not_started = [engine.NotStarted(num, job_overrides[num - initial_job_idx], str(error.reason))
-                   for num, error in refused.items()]
+    not_started = [
+        engine.NotStarted(num, job_overrides[num - initial_job_idx], str(error.reason))
+        for num, error in refused.items()
+    ]
     try:
         if jobs:
-            report = engine.launch([job.prepared for job in jobs.values()], backend, options, console,
-                                   not_started=not_started)
+            report = engine.launch(
+                [job.prepared for job in jobs.values()], backend, options, console, not_started=not_started
+            )
         else:
             report = None
             engine.summarise(sweep_dir, engine.LaunchReport(jobs=[]), console, not_started=not_started)
@@ -175,8 +200,9 @@ def _launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
         if num in by_num:
             returns.append(_job_return(job, by_num[num], key))
         elif report is not None and num in report.unsubmitted:
-            returns.append(_failed_return(job, InvalidJobError(f"job {num}", "not submitted: the launch was "
-                                                               "interrupted first")))
+            returns.append(
+                _failed_return(job, InvalidJobError(f"job {num}", "not submitted: the launch was interrupted first"))
+            )
         else:  # left running (detached on SIGHUP): no result yet
             returns.append(_failed_return(job, InvalidJobError(f"job {num}", "detached: still running")))
     if report is not None and report.interrupted_by is not None:
@@ -184,26 +210,43 @@ def _launch(launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]],
     return returns
 
 
-def _detach(config: DictConfig, jobs: List[prepare.HydraJob], backend: Backend[Any], options: engine.LaunchOptions,
-            up_front: bool, refused: Dict[int, InvalidJobError], job_overrides: Sequence[Sequence[str]],
-            initial_job_idx: int) -> List[JobReturn]:
+def _detach(
+    config: DictConfig,
+    jobs: List[prepare.HydraJob],
+    backend: Backend[Any],
+    options: engine.LaunchOptions,
+    up_front: bool,
+    refused: Dict[int, InvalidJobError],
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+) -> List[JobReturn]:
     if not up_front:
         sweeper = OmegaConf.select(config, "hydra.sweeper._target_")
-        raise ConfigError("hydra.launcher.detach", True, f"the sweeper {sweeper} decides its next trials from the "
-                          "jobs' return values, and a detached launch returns before any job has one",
-                          "run it attached (detach=false); the basic sweeper's grid can be detached")
+        raise ConfigError(
+            "hydra.launcher.detach",
+            True,
+            f"the sweeper {sweeper} decides its next trials from the "
+            "jobs' return values, and a detached launch returns before any job has one",
+            "run it attached (detach=false); the basic sweeper's grid can be detached",
+        )
     if OmegaConf.select(config, "hydra.launcher.dashboard"):
-        raise ConfigError("hydra.launcher.dashboard", True, "the live page lasts as long as an attached launch, and a "
-                          "detached one returns at once", "leave it out, and run `mmt dashboard` when you want the "
-                          "page: it shows every registered job")
+        raise ConfigError(
+            "hydra.launcher.dashboard",
+            True,
+            "the live page lasts as long as an attached launch, and a detached one returns at once",
+            "leave it out, and run `mmt dashboard` when you want the page: it shows every registered job",
+        )
     from mmt.sdk import Job  # the handles returned; the SDK loads only for a detached launch
 
     submitted = prepare.detached_submit([job.prepared for job in jobs], backend, options)
     for item in submitted:
         where = f"SLURM job {item.scheduler_id}" if item.scheduler_id else "a local supervisor"
         print(f"mmt: detached job {item.plan.num} {item.plan.name} ({where}): {item.plan.job_dir}", flush=True)
-    print(f"mmt: {len(submitted)} job(s) run detached; each job's value is a handle (mmt.Job): follow them with "
-          "`mmt list`, `mmt logs NAME -f`, `mmt wait NAME`", flush=True)
+    print(
+        f"mmt: {len(submitted)} job(s) run detached; each job's value is a handle (mmt.Job): follow them with "
+        "`mmt list`, `mmt logs NAME -f`, `mmt wait NAME`",
+        flush=True,
+    )
     returns, by_num = [], {item.plan.num: item for item in submitted}
     jobs_by_num = {job.prepared.plan.num: job for job in jobs}
     for i, overrides in enumerate(job_overrides):
@@ -212,13 +255,27 @@ def _detach(config: DictConfig, jobs: List[prepare.HydraJob], backend: Backend[A
             returns.append(_refused_return(config, overrides, refused[num]))
             continue
         job, item = jobs_by_num[num], by_num[num]
-        returns.append(JobReturn(overrides=list(item.plan.overrides), cfg=job.config, hydra_cfg=None,
-                                 working_dir=item.plan.job_dir, task_name=str(job.config.hydra.job.name),
-                                 status=JobStatus.COMPLETED, _return_value=Job(item.plan.name)))
+        returns.append(
+            JobReturn(
+                overrides=list(item.plan.overrides),
+                cfg=job.config,
+                hydra_cfg=None,
+                working_dir=item.plan.job_dir,
+                task_name=str(job.config.hydra.job.name),
+                status=JobStatus.COMPLETED,
+                _return_value=Job(item.plan.name),
+            )
+        )
     return returns
 
 
 def _refused_return(config: DictConfig, overrides: Sequence[str], error: Exception) -> JobReturn:
-    return JobReturn(overrides=masked_overrides(overrides, env_names_in(overrides)), cfg=None, hydra_cfg=None,
-                     working_dir="", task_name=str(config.hydra.job.name), status=JobStatus.FAILED,
-                     _return_value=error)
+    return JobReturn(
+        overrides=masked_overrides(overrides, env_names_in(overrides)),
+        cfg=None,
+        hydra_cfg=None,
+        working_dir="",
+        task_name=str(config.hydra.job.name),
+        status=JobStatus.FAILED,
+        _return_value=error,
+    )

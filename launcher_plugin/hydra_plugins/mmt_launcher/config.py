@@ -153,9 +153,5 @@ class SlurmLauncherConf(JobConf):
     poll_interval_s: float = 1.0
 
 
-ConfigStore.instance().store(
-    group="hydra/launcher", name="mmt_local", node=LocalLauncherConf, provider="mmt_launcher"
-)
-ConfigStore.instance().store(
-    group="hydra/launcher", name="mmt_slurm", node=SlurmLauncherConf, provider="mmt_launcher"
-)
+ConfigStore.instance().store(group="hydra/launcher", name="mmt_local", node=LocalLauncherConf, provider="mmt_launcher")
+ConfigStore.instance().store(group="hydra/launcher", name="mmt_slurm", node=SlurmLauncherConf, provider="mmt_launcher")

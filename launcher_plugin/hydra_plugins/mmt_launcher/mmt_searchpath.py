@@ -10,9 +10,9 @@ name, in lower case, in whatever spelling it is asked for) or extend the catalog
 
 from hydra._internal.core_plugins.importlib_resources_config_source import ImportlibResourcesConfigSource
 from hydra.core.config_search_path import ConfigSearchPath
-from omegaconf import OmegaConf
 from hydra.plugins.config_source import ConfigResult
 from hydra.plugins.search_path_plugin import SearchPathPlugin
+from omegaconf import OmegaConf
 
 CONFIG_PACKAGE = "mmt.conf"
 
@@ -43,8 +43,12 @@ class MMTConfigSource(ImportlibResourcesConfigSource):
             return super().load_config(path)
         # an alias: the canonical config, wherever on the search path it is found first (the app's own comes first)
         name = canonical.rpartition("/")[2].removesuffix(".yaml")
-        return ConfigResult(provider=self.provider, path=f"{self.scheme()}://{self.path}",
-                            config=OmegaConf.create({"defaults": [name, "_self_"]}), header={"package": None})
+        return ConfigResult(
+            provider=self.provider,
+            path=f"{self.scheme()}://{self.path}",
+            config=OmegaConf.create({"defaults": [name, "_self_"]}),
+            header={"package": None},
+        )
 
     def is_config(self, config_path: str) -> bool:
         return super().is_config(_canonical(config_path))

@@ -54,8 +54,10 @@ class AgentClient:
         message = protocol.recv(self.sock)
         if message is None:
             code = self.process.poll()
-            raise AgentGone(f"the mmt host agent (pid {self.process.pid}) exited unexpectedly"
-                            + (f" with code {code}" if code is not None else ""))
+            raise AgentGone(
+                f"the mmt host agent (pid {self.process.pid}) exited unexpectedly"
+                + (f" with code {code}" if code is not None else "")
+            )
         return message
 
     def pending(self) -> List[Dict[str, Any]]:

@@ -17,8 +17,14 @@ class JobMetrics:
         self.node_of: Dict[int, int] = {spec.index: spec.node_rank for spec in specs}
         visible = {spec.node_rank: spec.env.get("CUDA_VISIBLE_DEVICES") for spec in specs}
         paths = JobDir(Path(job_dir))
-        self.samplers = {node: NodeSampler(paths.node_metrics(node), node, interval_s, visible_gpus=gpus)
-                         for node, gpus in sorted(visible.items())} if interval_s > 0 else {}
+        self.samplers = (
+            {
+                node: NodeSampler(paths.node_metrics(node), node, interval_s, visible_gpus=gpus)
+                for node, gpus in sorted(visible.items())
+            }
+            if interval_s > 0
+            else {}
+        )
 
     def next_due(self) -> Optional[float]:
         return min((s._next for s in self.samplers.values()), default=None)

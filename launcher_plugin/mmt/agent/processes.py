@@ -90,7 +90,8 @@ def _log_refused(spec: ProcessSpec, exc: OSError) -> None:
     why = "it is a symlink, which mmt never writes through" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
     try:
         ErrorRecord(exception=f"OSError: cannot open its log {spec.log}: {why}").write(
-            Attempt(Path(spec.attempt_dir)).error_file(spec.index))
+            Attempt(Path(spec.attempt_dir)).error_file(spec.index)
+        )
     except OSError:
         pass
     _warn(f"process {spec.index} of job {spec.job_id}: cannot open its log {spec.log}: {why}")

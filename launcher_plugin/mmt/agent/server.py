@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, NoReturn, Optional, Tuple
 
-from mmt.core import proctree
 from mmt.agent import protocol
 from mmt.agent.jobs import JobProcesses
 from mmt.agent.metrics import JobMetrics
 from mmt.agent.processes import ProcessSpec, Spawner
+from mmt.core import proctree
 from mmt.core.jobdir import Attempt
 
 _TICK_S = 0.05
@@ -105,8 +105,15 @@ class HostAgent:
             process = self.jobs[job_id].exited(pid, code)
             assert process is not None
             if report:
-                self.send({"op": "exited", "job_id": job_id, "index": process.index, "code": process.code,
-                           "stopped": process.stopped})
+                self.send(
+                    {
+                        "op": "exited",
+                        "job_id": job_id,
+                        "index": process.index,
+                        "code": process.code,
+                        "stopped": process.stopped,
+                    }
+                )
 
     def supervise(self, job: JobProcesses) -> None:
         job.tick()

@@ -1,11 +1,11 @@
 """The ``mmt`` command: its verbs and flags mirror ``lightning mmt`` / ``lightning job``.
 
-    mmt run --name N --num-machines K --machine T4 --command "python train.py" [--image I] [-e KEY=VALUE ...]
-            [--cluster local|slurm|<site>] [--detach] [--dry-run] [--dashboard]
-    mmt list [--all] [--json]          mmt inspect NAME [--json]
-    mmt logs NAME [-f] [--rank R] [--tail N]
-    mmt stop NAME                      mmt wait NAME [--timeout S]
-    mmt delete NAME                    mmt dashboard [DIR ...] [--port P]
+mmt run --name N --num-machines K --machine T4 --command "python train.py" [--image I] [-e KEY=VALUE ...]
+        [--cluster local|slurm|<site>] [--detach] [--dry-run] [--dashboard]
+mmt list [--all] [--json]          mmt inspect NAME [--json]
+mmt logs NAME [-f] [--rank R] [--tail N]
+mmt stop NAME                      mmt wait NAME [--timeout S]
+mmt delete NAME                    mmt dashboard [DIR ...] [--port P]
 """
 
 import argparse
@@ -21,25 +21,48 @@ from mmt.core.errors import MMTError
 # a Lightning user's flag is answered with mmt's equivalent, never matched to another flag or left unexplained. The
 # run verb's hints are the SDK's for the same parameters, where these do not say it in the CLI's terms.
 _LIGHTNING_FLAGS: Dict[str, Dict[str, Optional[str]]] = {
-    "run": {"studio": None, "teamspace": None, "org": None, "user": None,
-            "cloud": "pick the cluster with --cluster local|slurm|<site config>",
-            "cloud-account": "mmt runs on this host or on SLURM: use --cluster local|slurm|<site config>",
-            "interruptible": None, "image-credentials": None, "cloud-account-auth": None, "entrypoint": None,
-            "path-mapping": None, "path-mappings": None,
-            "tag": "name jobs instead (--name); `mmt list` shows every job",
-            "tags": "name jobs instead (--name); `mmt list` shows every job", "keep-minutes": None},
-    "logs": {flag: "mmt's logs are each process's own output, without timestamps or levels: filter them with grep "
-                   "(mmt logs NAME | grep ...), or read the files in the job dir's logs/"
-             for flag in ("timestamps", "since", "until", "query", "severity", "json")},
-    "list": {"sort-by": "mmt list --json, sorted by your own tool (jobs come newest first)",
-             "filter": "mmt list --json, filtered by your own tool", "tag": "jobs have names, not tags"},
+    "run": {
+        "studio": None,
+        "teamspace": None,
+        "org": None,
+        "user": None,
+        "cloud": "pick the cluster with --cluster local|slurm|<site config>",
+        "cloud-account": "mmt runs on this host or on SLURM: use --cluster local|slurm|<site config>",
+        "interruptible": None,
+        "image-credentials": None,
+        "cloud-account-auth": None,
+        "entrypoint": None,
+        "path-mapping": None,
+        "path-mappings": None,
+        "tag": "name jobs instead (--name); `mmt list` shows every job",
+        "tags": "name jobs instead (--name); `mmt list` shows every job",
+        "keep-minutes": None,
+    },
+    "logs": {
+        flag: "mmt's logs are each process's own output, without timestamps or levels: filter them with grep "
+        "(mmt logs NAME | grep ...), or read the files in the job dir's logs/"
+        for flag in ("timestamps", "since", "until", "query", "severity", "json")
+    },
+    "list": {
+        "sort-by": "mmt list --json, sorted by your own tool (jobs come newest first)",
+        "filter": "mmt list --json, filtered by your own tool",
+        "tag": "jobs have names, not tags",
+    },
 }
 
 # the names an error gives a value (the SDK's, the planner's) -> the flag a CLI user typed, per verb
 _FLAG_OF = {
-    "run": {"num_machines": "--num-machines", "machine": "--machine", "cluster": "--cluster", "command": "--command",
-            "image": "--image", "devices": "--devices", "command_mode": "--command-mode",
-            "max_runtime": "--max-runtime", "name": "--name"},
+    "run": {
+        "num_machines": "--num-machines",
+        "machine": "--machine",
+        "cluster": "--cluster",
+        "command": "--command",
+        "image": "--image",
+        "devices": "--devices",
+        "command_mode": "--command-mode",
+        "max_runtime": "--max-runtime",
+        "name": "--name",
+    },
     "logs": {"rank": "--rank", "tail": "--tail"},
 }
 
@@ -54,8 +77,9 @@ def _env_pair(text: str) -> tuple:
 def _parser() -> argparse.ArgumentParser:
     # allow_abbrev=False everywhere: a flag mmt lacks (--cloud-account) must not be taken for one it has that it
     # begins (--cloud-account-auth)
-    parser = argparse.ArgumentParser(prog="mmt", description="Multi-machine training jobs: run, follow, stop.",
-                                     allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog="mmt", description="Multi-machine training jobs: run, follow, stop.", allow_abbrev=False
+    )
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     run = verbs.add_parser("run", help="run a command on N machines (attached unless --detach)", allow_abbrev=False)
@@ -64,22 +88,48 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--machine", default="cpu", help="a machine type, Lightning's names in any case (T4, A100_X_8)")
     run.add_argument("--command", required=True, help="the shell command every node runs")
     run.add_argument("--image", help="a container image (cluster=slurm: pyxis or apptainer)")
-    run.add_argument("-e", "--env", type=_env_pair, action="append", default=[], metavar="KEY=VALUE",
-                     help="an environment variable for every process (repeatable); its value is never printed")
-    run.add_argument("--env-from", action="append", default=[], metavar="NAME",
-                     help="copy this variable from this shell's environment (secrets stay off the command line)")
+    run.add_argument(
+        "-e",
+        "--env",
+        type=_env_pair,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment variable for every process (repeatable); its value is never printed",
+    )
+    run.add_argument(
+        "--env-from",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="copy this variable from this shell's environment (secrets stay off the command line)",
+    )
     run.add_argument("--cluster", default="local", help="local | slurm | a site config in ./conf/cluster/")
     run.add_argument("--devices", type=int, help="processes per machine (default: its GPUs, 1 on CPU machines)")
-    run.add_argument("--command-mode", default="per_node", choices=("per_node", "per_rank"),
-                     help="the command starts its own ranks (per_node) or runs once per rank")
-    run.add_argument("--max-runtime", metavar="DURATION",
-                     help="stop the job after this long: seconds (3600), or 90m, 1h30m, 2h ...")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="any Hydra override, e.g. --set hydra.launcher.partition=gpu (repeatable)")
+    run.add_argument(
+        "--command-mode",
+        default="per_node",
+        choices=("per_node", "per_rank"),
+        help="the command starts its own ranks (per_node) or runs once per rank",
+    )
+    run.add_argument(
+        "--max-runtime", metavar="DURATION", help="stop the job after this long: seconds (3600), or 90m, 1h30m, 2h ..."
+    )
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any Hydra override, e.g. --set hydra.launcher.partition=gpu (repeatable)",
+    )
     run.add_argument("--detach", action="store_true", help="submit and return at once")
     run.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
-    run.add_argument("--dashboard", action="store_true",
-                     help="serve the live page while the job runs (attached runs; else: mmt dashboard)")
+    run.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="serve the live page while the job runs (attached runs; else: mmt dashboard)",
+    )
     run.add_argument("--json", action="store_true", help="print the submitted job as JSON (with --detach)")
 
     listing = verbs.add_parser("list", help="jobs in the registry", allow_abbrev=False)
@@ -96,15 +146,18 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     logs.add_argument("--rank", type=int, default=0, help="global rank (per-node command jobs: the machine)")
     logs.add_argument("--tail", type=int, help="only the last N lines (N >= 1; with -f: then follow)")
-    logs.add_argument("--raw", action="store_true",
-                      help="the log's bytes as written, control sequences included (default: as the console shows "
-                           "them)")
+    logs.add_argument(
+        "--raw",
+        action="store_true",
+        help="the log's bytes as written, control sequences included (default: as the console shows them)",
+    )
 
     stop = verbs.add_parser("stop", help="stop a running job", allow_abbrev=False)
     stop.add_argument("name")
 
-    wait = verbs.add_parser("wait", help="re-attach: follow a job until it ends; its exit status is the job's",
-                            allow_abbrev=False)
+    wait = verbs.add_parser(
+        "wait", help="re-attach: follow a job until it ends; its exit status is the job's", allow_abbrev=False
+    )
     wait.add_argument("name")
     wait.add_argument("--timeout", type=float, help="give up after this many seconds (exit 124)")
 
@@ -119,8 +172,9 @@ def _parser() -> argparse.ArgumentParser:
     for verb, flags in _LIGHTNING_FLAGS.items():  # Lightning's flags, with or without a value: answered in _refuse
         sub = verbs.choices[verb]
         for flag in flags:
-            sub.add_argument(f"--{flag}", dest=f"lightning_{flag.replace('-', '_')}", nargs="?", const=True,
-                             help=argparse.SUPPRESS)
+            sub.add_argument(
+                f"--{flag}", dest=f"lightning_{flag.replace('-', '_')}", nargs="?", const=True, help=argparse.SUPPRESS
+            )
     return parser
 
 
@@ -171,16 +225,28 @@ def _run(args: argparse.Namespace) -> int:
     from mmt.service.submit import RunSpec, exit_code, max_runtime_s, run
 
     if args.detach and args.dashboard:
-        raise MMTError("--dashboard serves the live page for as long as an attached run lasts, and --detach returns "
-                       "at once. HINT: leave --dashboard out, and run `mmt dashboard` when you want the page: it "
-                       "shows every registered job")
+        raise MMTError(
+            "--dashboard serves the live page for as long as an attached run lasts, and --detach returns "
+            "at once. HINT: leave --dashboard out, and run `mmt dashboard` when you want the page: it "
+            "shows every registered job"
+        )
     seconds = max_runtime_s("max_runtime", args.max_runtime) if args.max_runtime is not None else None
-    spec = RunSpec(command=args.command, name=args.name, num_machines=args.num_machines, machine=args.machine,
-                   image=args.image, env=dict(args.env), env_from=args.env_from, cluster=args.cluster,
-                   devices=args.devices, command_mode=args.command_mode,
-                   timeout_min=seconds / 60.0 if seconds is not None else None,
-                   dry_run=args.dry_run, detach=args.detach,
-                   overrides=args.overrides + (["hydra.launcher.dashboard=true"] if args.dashboard else []))
+    spec = RunSpec(
+        command=args.command,
+        name=args.name,
+        num_machines=args.num_machines,
+        machine=args.machine,
+        image=args.image,
+        env=dict(args.env),
+        env_from=args.env_from,
+        cluster=args.cluster,
+        devices=args.devices,
+        command_mode=args.command_mode,
+        timeout_min=seconds / 60.0 if seconds is not None else None,
+        dry_run=args.dry_run,
+        detach=args.detach,
+        overrides=args.overrides + (["hydra.launcher.dashboard=true"] if args.dashboard else []),
+    )
     outcome = run(spec)
     if isinstance(outcome, str):  # a dry run
         print(outcome)
@@ -188,11 +254,18 @@ def _run(args: argparse.Namespace) -> int:
     if isinstance(outcome, LaunchReport):
         return exit_code(outcome)
     for item in outcome:
-        facts = {"name": item.plan.name, "id": item.plan.job_id, "dir": item.plan.job_dir, "cluster": item.backend,
-                 "scheduler_id": item.scheduler_id, "status": "Pending"}
-        print(json.dumps(facts) if args.json else
-              f"mmt: {facts['name']} submitted ({item.backend}{', SLURM job ' + item.scheduler_id if item.scheduler_id else ''}"
-              f"): {facts['dir']}\n     follow it: mmt logs {facts['name']} -f | mmt wait {facts['name']}")
+        facts = {
+            "name": item.plan.name,
+            "id": item.plan.job_id,
+            "dir": item.plan.job_dir,
+            "cluster": item.backend,
+            "scheduler_id": item.scheduler_id,
+            "status": "Pending",
+        }
+        where = item.backend + (f", SLURM job {item.scheduler_id}" if item.scheduler_id else "")
+        follow = f"mmt logs {facts['name']} -f | mmt wait {facts['name']}"
+        print(json.dumps(facts) if args.json else f"mmt: {facts['name']} submitted ({where}): {facts['dir']}\n"
+              f"     follow it: {follow}")
     return 0
 
 
@@ -211,13 +284,24 @@ def _rows(records: List[Any]) -> List[Dict[str, Any]]:
         # SLURM's pending reason while the job waits (or the one that failed it); what the status alone does not say
         reason = view.reason if view is not None and (view.never_starts or not final) else None
         note = view.note(final) if view is not None else None
-        rows.append({"name": record.name, "status": lightning_status(record.state), "state": record.state,
-                     "reason": reason, "note": note,
-                     "cluster": record.backend, "machine": record.machine,
-                     "topology": f"{record.num_nodes} x {record.devices}", "scheduler_id": record.scheduler_id,
-                     "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created_at)),
-                     "duration_s": round(duration, 1) if duration is not None else None, "dir": record.job_dir,
-                     "metric": _metric(result), "detached": record.detached})
+        rows.append(
+            {
+                "name": record.name,
+                "status": lightning_status(record.state),
+                "state": record.state,
+                "reason": reason,
+                "note": note,
+                "cluster": record.backend,
+                "machine": record.machine,
+                "topology": f"{record.num_nodes} x {record.devices}",
+                "scheduler_id": record.scheduler_id,
+                "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created_at)),
+                "duration_s": round(duration, 1) if duration is not None else None,
+                "dir": record.job_dir,
+                "metric": _metric(result),
+                "detached": record.detached,
+            }
+        )
     return rows
 
 
@@ -252,9 +336,16 @@ def _list(args: argparse.Namespace) -> int:
     for row in rows:
         status = row["status"]
         note = f" ({escape(row['note'])})" if row["note"] else ""
-        table.add_row(row["name"], f"[{colours.get(status, 'white')}]{status}[/]{note}", row["cluster"], row["machine"],
-                      row["topology"], row["created"], "-" if row["duration_s"] is None else f"{row['duration_s']} s",
-                      row["metric"] or "-")
+        table.add_row(
+            row["name"],
+            f"[{colours.get(status, 'white')}]{status}[/]{note}",
+            row["cluster"],
+            row["machine"],
+            row["topology"],
+            row["created"],
+            "-" if row["duration_s"] is None else f"{row['duration_s']} s",
+            row["metric"] or "-",
+        )
     Console(width=None if sys.stdout.isatty() else 250).print(table)
     return 0
 
@@ -265,17 +356,39 @@ def _inspect(args: argparse.Namespace) -> int:
 
     registry = Registry()
     record = refresh(registry.require(args.name), registry)
-    facts = {**_rows([record])[0], "job_id": record.job_id, "attempt": record.attempt, "command": record.command,
-             "overrides": record.overrides, "sweep_dir": record.sweep_dir, "supervisor_pid": record.supervisor_pid,
-             "result": record.result, "scheduler": _scheduler_story(record),
-             "machines": [{"rank": n, "status": _node_status(record, n, lightning_status(record.state))}
-                          for n in range(record.num_nodes)]}
+    facts = {
+        **_rows([record])[0],
+        "job_id": record.job_id,
+        "attempt": record.attempt,
+        "command": record.command,
+        "overrides": record.overrides,
+        "sweep_dir": record.sweep_dir,
+        "supervisor_pid": record.supervisor_pid,
+        "result": record.result,
+        "scheduler": _scheduler_story(record),
+        "machines": [
+            {"rank": n, "status": _node_status(record, n, lightning_status(record.state))}
+            for n in range(record.num_nodes)
+        ],
+    }
     facts["dir_exists"] = Path(record.job_dir).is_dir()  # a deleted job dir: its status is the one recorded
     if args.json:
         print(json.dumps(facts, indent=2))
         return 0
-    for key in ("name", "status", "cluster", "machine", "topology", "scheduler_id", "created", "duration_s", "dir",
-                "command", "overrides", "metric"):
+    for key in (
+        "name",
+        "status",
+        "cluster",
+        "machine",
+        "topology",
+        "scheduler_id",
+        "created",
+        "duration_s",
+        "dir",
+        "command",
+        "overrides",
+        "metric",
+    ):
         print(f"{key:<13} {facts[key]}")
     print("machines      " + ", ".join(f"{m['rank']}: {m['status']}" for m in facts["machines"]))
     if not facts["dir_exists"]:
@@ -360,8 +473,12 @@ def _wait(args: argparse.Namespace) -> int:
         return 0 if record.state == JobState.COMPLETED.value else 1
     backend, handles = reattach([record])
     try:
-        report = engine.attach(handles, backend, engine.LaunchOptions(sweep_dir=Path(record.sweep_dir),
-                                                                      registry=registry), timeout_s=args.timeout)
+        report = engine.attach(
+            handles,
+            backend,
+            engine.LaunchOptions(sweep_dir=Path(record.sweep_dir), registry=registry),
+            timeout_s=args.timeout,
+        )
     finally:
         backend.close()
     if report.detached and report.interrupted_by is None:
@@ -418,8 +535,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not args.name:
             print("mmt inspect: which job? HINT: mmt inspect NAME (`mmt list` lists them)", file=sys.stderr)
             return 2
-    verbs = {"run": _run, "list": _list, "inspect": _inspect, "logs": _logs, "stop": _stop, "wait": _wait,
-             "delete": _delete}
+    verbs = {
+        "run": _run,
+        "list": _list,
+        "inspect": _inspect,
+        "logs": _logs,
+        "stop": _stop,
+        "wait": _wait,
+        "delete": _delete,
+    }
     from hydra.errors import HydraException
 
     from mmt.core.errors import ConfigError

@@ -40,5 +40,6 @@ def resume_from(path: Path, resume: bool) -> Optional[Path]:
         raise CorruptCheckpointError(
             f"the checkpoint to resume from, {path} ({path.stat().st_size} bytes), is not a complete checkpoint: it "
             "was probably cut short (a full disk, an interrupted copy). HINT: move it away "
-            f"(mv {path} {path}.bad) to start fresh, or run with recipe.resume=false")
+            f"(mv {path} {path}.bad) to start fresh, or run with recipe.resume=false"
+        )
     return path

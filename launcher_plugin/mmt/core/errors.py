@@ -24,7 +24,11 @@ class ConfigError(MMTError, ValueError):
             message += f" HINT: {hint}"
         super().__init__(message)
 
-    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:  # keyword-only construction must survive pickling (results travel between processes)
+    def __reduce__(
+        self,
+    ) -> Tuple[
+        Any, Tuple[Any, ...]
+    ]:  # keyword-only construction must survive pickling (results travel between processes)
         return (ConfigError, (self.key, self.value, self.expected, self.hint))
 
 

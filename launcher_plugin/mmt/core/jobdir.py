@@ -46,8 +46,8 @@ writes (a job may delete its own dir: ``rm -rf "$MMT_JOB_DIR"``, ``git clean -fd
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import secrets
 import tempfile
 import time

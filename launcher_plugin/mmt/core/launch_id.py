@@ -21,8 +21,10 @@ class LaunchId:
 
 def _new() -> LaunchId:
     started, token = time.localtime(), secrets.token_hex(2)
-    return LaunchId(launch=time.strftime("%H-%M-%S", started) + "-" + token,
-                    job_names=time.strftime("%m%d-%H%M%S", started) + "-" + token)
+    return LaunchId(
+        launch=time.strftime("%H-%M-%S", started) + "-" + token,
+        job_names=time.strftime("%m%d-%H%M%S", started) + "-" + token,
+    )
 
 
 _current = _new()

@@ -172,8 +172,7 @@ def reap_any() -> None:
         pass
 
 
-def stop_tagged(tags: Mapping[str, str], grace_s: float, exclude: Iterable[int] = (),
-                reap: bool = False) -> List[int]:
+def stop_tagged(tags: Mapping[str, str], grace_s: float, exclude: Iterable[int] = (), reap: bool = False) -> List[int]:
     """SIGTERM every process tagged with ``tags``, SIGKILL those left after ``grace_s``; their pids.
 
     ``reap``: also collect exited children (only where every child of this process is ours to reap).

@@ -103,10 +103,31 @@ PER_NODE_TOPOLOGY = {
 
 #: names a user may not set through ``env``: the launcher owns them
 RESERVED = frozenset(
-    {MASTER_ADDR, MASTER_PORT, NODE_RANK, GROUP_RANK, LOCAL_RANK, RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NUM_NODES,
-     GLOBAL_RANK, NNODES, MMT_NODE_ADDRS, MMT_NODE_ADDR, TF_CONFIG, JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
-     JAX_PROCESS_ID, MMT_JOB_DIR, MMT_JOB_ID, MMT_GLOBAL_BATCH_SIZE, MMT_MICRO_BATCH_SIZE, MMT_GRAD_ACCUM,
-     *(name for names in PER_NODE_TOPOLOGY.values() for name in names)}
+    {
+        MASTER_ADDR,
+        MASTER_PORT,
+        NODE_RANK,
+        GROUP_RANK,
+        LOCAL_RANK,
+        RANK,
+        WORLD_SIZE,
+        LOCAL_WORLD_SIZE,
+        NUM_NODES,
+        GLOBAL_RANK,
+        NNODES,
+        MMT_NODE_ADDRS,
+        MMT_NODE_ADDR,
+        TF_CONFIG,
+        JAX_COORDINATOR_ADDRESS,
+        JAX_NUM_PROCESSES,
+        JAX_PROCESS_ID,
+        MMT_JOB_DIR,
+        MMT_JOB_ID,
+        MMT_GLOBAL_BATCH_SIZE,
+        MMT_MICRO_BATCH_SIZE,
+        MMT_GRAD_ACCUM,
+        *(name for names in PER_NODE_TOPOLOGY.values() for name in names),
+    }
 )
 
 #: the reserved names that belong to a framework: mmt writes them when hydra.launcher.framework asks for them
@@ -116,14 +137,34 @@ FRAMEWORK_RESERVED = frozenset({TF_CONFIG, JAX_COORDINATOR_ADDRESS, JAX_NUM_PROC
 # pick SLURMEnvironment with wrong ranks, TORCHELASTIC_RUN_ID makes it trust RANK/WORLD_SIZE, LT_*/PL_TRAINER_*
 # override Trainer/Fabric arguments, LSB_*/JSM_* select LSFEnvironment.
 SCRUBBED_PREFIXES = (
-    "SLURM_", "SLURMD_", "SBATCH_", "SRUN_", "TORCHELASTIC_", "LT_", "PL_TRAINER_", "PL_FABRIC_", "OMPI_", "PMI_",
-    "PMIX_", "LSB_", "JSM_NAMESPACE_", "SUBMITIT_", "MMT_",
+    "SLURM_",
+    "SLURMD_",
+    "SBATCH_",
+    "SRUN_",
+    "TORCHELASTIC_",
+    "LT_",
+    "PL_TRAINER_",
+    "PL_FABRIC_",
+    "OMPI_",
+    "PMI_",
+    "PMIX_",
+    "LSB_",
+    "JSM_NAMESPACE_",
+    "SUBMITIT_",
+    "MMT_",
 )
 # (OMPI_*, PMI_*, PMIX_* above: MPI's own names, never set by mmt either: see docs/frameworks.md.) An inherited
 # TF_CONFIG or JAX coordinator would send every rank to another job's workers.
-_SCRUB_NAMES = RESERVED | {"GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE",
-                           "TORCH_NCCL_ASYNC_ERROR_HANDLING", JAX_LOCAL_DEVICE_IDS, "JAX_COORDINATOR_PORT",
-                           "JAX_COORDINATOR_BIND_ADDRESS"}
+_SCRUB_NAMES = RESERVED | {
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    JAX_LOCAL_DEVICE_IDS,
+    "JAX_COORDINATOR_PORT",
+    "JAX_COORDINATOR_BIND_ADDRESS",
+}
 
 
 def topology_hints(num_nodes: int, local_world_size: int) -> dict[str, str]:
@@ -137,8 +178,7 @@ def topology_hints(num_nodes: int, local_world_size: int) -> dict[str, str]:
 
 def batch_env(global_size: int, micro: int, accumulate: int) -> dict[str, str]:
     """The batch plan as variables: pass it as ``extra`` to :func:`rank_env` / :func:`node_env`."""
-    return {MMT_GLOBAL_BATCH_SIZE: str(global_size), MMT_MICRO_BATCH_SIZE: str(micro),
-            MMT_GRAD_ACCUM: str(accumulate)}
+    return {MMT_GLOBAL_BATCH_SIZE: str(global_size), MMT_MICRO_BATCH_SIZE: str(micro), MMT_GRAD_ACCUM: str(accumulate)}
 
 
 def _with_extra(env: dict[str, str], extra: Optional[Mapping[str, str]]) -> dict[str, str]:
@@ -151,9 +191,7 @@ def _with_extra(env: dict[str, str], extra: Optional[Mapping[str, str]]) -> dict
 
 def scrubbed(base_env: Mapping[str, str]) -> dict[str, str]:
     """A copy of ``base_env`` without inherited cluster, torchelastic, Lightning and rank variables."""
-    return {
-        k: v for k, v in base_env.items() if k not in _SCRUB_NAMES and not k.startswith(SCRUBBED_PREFIXES)
-    }
+    return {k: v for k, v in base_env.items() if k not in _SCRUB_NAMES and not k.startswith(SCRUBBED_PREFIXES)}
 
 
 @dataclass(frozen=True)
@@ -190,12 +228,14 @@ def host_port(host: str, port: Any) -> str:
 
 def tf_config(workers: Sequence[str], index: int) -> str:
     """TF_CONFIG of worker ``index`` of a MultiWorkerMirroredStrategy cluster (``workers``: each one's host:port)."""
-    return json.dumps({"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}},
-                      separators=(",", ":"))
+    return json.dumps(
+        {"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}}, separators=(",", ":")
+    )
 
 
-def _framework_env(framework: str, place: RankPlace, per_node: bool, node_addrs: Sequence[str],
-                   ports: Sequence[Any]) -> Dict[str, str]:
+def _framework_env(
+    framework: str, place: RankPlace, per_node: bool, node_addrs: Sequence[str], ports: Sequence[Any]
+) -> Dict[str, str]:
     """The variables of ``framework`` for one process: process i of the plan is worker/process i."""
     if framework == FRAMEWORK_NONE:
         return {}
@@ -207,16 +247,29 @@ def _framework_env(framework: str, place: RankPlace, per_node: bool, node_addrs:
         node_of = (lambda i: i) if per_node else (lambda i: i // place.local_world_size)
         workers = [host_port(node_addrs[node_of(i)], ports[i]) for i in range(count)]
         return {TF_CONFIG: tf_config(workers, index)}
-    env = {JAX_COORDINATOR_ADDRESS: host_port(node_addrs[0], ports[0]), JAX_NUM_PROCESSES: str(count),
-           JAX_PROCESS_ID: str(index)}
+    env = {
+        JAX_COORDINATOR_ADDRESS: host_port(node_addrs[0], ports[0]),
+        JAX_NUM_PROCESSES: str(count),
+        JAX_PROCESS_ID: str(index),
+    }
     if not per_node:  # one device per process, as JAX's own SLURM detection does; per node, all of the node's
         env[JAX_LOCAL_DEVICE_IDS] = str(place.local_rank)
     return env
 
 
-def contract_env(place: RankPlace, *, per_node: bool, master_addr: str, master_port: Any, job_dir: str, job_id: str,
-                 extra: Optional[Mapping[str, str]] = None, node_addrs: Sequence[str] = (),
-                 framework: str = FRAMEWORK_NONE, framework_ports: Sequence[Any] = ()) -> Dict[str, str]:
+def contract_env(
+    place: RankPlace,
+    *,
+    per_node: bool,
+    master_addr: str,
+    master_port: Any,
+    job_dir: str,
+    job_id: str,
+    extra: Optional[Mapping[str, str]] = None,
+    node_addrs: Sequence[str] = (),
+    framework: str = FRAMEWORK_NONE,
+    framework_ports: Sequence[Any] = (),
+) -> Dict[str, str]:
     """The contract variables of one process, and nothing else.
 
     ``per_node``: the process is a command that creates the node's ranks itself: no RANK/LOCAL_RANK (they would
@@ -316,16 +369,20 @@ def misplaced_listener(env: Mapping[str, str], listening: Mapping[int, Collectio
         for port in sorted(set(listening[index])):
             if tensorflow and port == master_port and port not in claims:
                 own = next((p for p, claim in claims.items() if claim.owner == index), None)
-                return (f"TF worker {index} listens on MASTER_PORT {port} instead of its own port {own} from the "
-                        "TF_CONFIG mmt wrote: the script sets TF_CONFIG itself from MASTER_ADDR:MASTER_PORT (the "
-                        "Lightning guide's snippet lists that one address once per worker), so every worker claims "
-                        "rank 0's address and they never meet. HINT: delete the script's TF_CONFIG code: with "
-                        "hydra.launcher.framework=tensorflow mmt writes each worker's own TF_CONFIG")
+                return (
+                    f"TF worker {index} listens on MASTER_PORT {port} instead of its own port {own} from the "
+                    "TF_CONFIG mmt wrote: the script sets TF_CONFIG itself from MASTER_ADDR:MASTER_PORT (the "
+                    "Lightning guide's snippet lists that one address once per worker), so every worker claims "
+                    "rank 0's address and they never meet. HINT: delete the script's TF_CONFIG code: with "
+                    "hydra.launcher.framework=tensorflow mmt writes each worker's own TF_CONFIG"
+                )
             claim = claims.get(port)
             if claim is not None and claim.owner != index:
-                return (f"{who} {index} listens on port {port}, which mmt holds for {claim.what}: the script changed "
-                        "the framework's addresses or process ids mmt wrote. HINT: leave TF_CONFIG, "
-                        "JAX_COORDINATOR_ADDRESS and the process ids as mmt sets them (docs/frameworks.md)")
+                return (
+                    f"{who} {index} listens on port {port}, which mmt holds for {claim.what}: the script changed "
+                    "the framework's addresses or process ids mmt wrote. HINT: leave TF_CONFIG, "
+                    "JAX_COORDINATOR_ADDRESS and the process ids as mmt sets them (docs/frameworks.md)"
+                )
     return None
 
 
@@ -386,8 +443,9 @@ class RankInfo:
             node_addrs=tuple(a for a in env.get(MMT_NODE_ADDRS, "").split(",") if a),
         )
 
-    def batch_sizes(self, micro: Optional[int] = None, accumulate: Optional[int] = None,
-                    default_micro: int = 16) -> Tuple[int, int]:
+    def batch_sizes(
+        self, micro: Optional[int] = None, accumulate: Optional[int] = None, default_micro: int = 16
+    ) -> Tuple[int, int]:
         """(micro-batch, accumulation) for this rank: explicit values, else the launcher's batch plan, else
         (``default_micro``, 1) outside a planned job.
 

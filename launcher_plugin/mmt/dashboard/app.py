@@ -26,8 +26,10 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 # a page on another site that rebinds its name to 127.0.0.1 must not be able to read the API
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 SECURITY_HEADERS = [
-    (b"content-security-policy",
-     b"default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'"),
+    (
+        b"content-security-policy",
+        b"default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'",
+    ),
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
     (b"cache-control", b"no-store"),
@@ -65,8 +67,12 @@ def _query_number(request: Request, name: str, kind: type) -> Any:
     return value
 
 
-def create_app(roots: list[Path], extra_job_dirs: Callable[[], list[Path]] | None = None, *,
-               allowed_hosts: Sequence[str] = LOOPBACK_HOSTS) -> Starlette:
+def create_app(
+    roots: list[Path],
+    extra_job_dirs: Callable[[], list[Path]] | None = None,
+    *,
+    allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+) -> Starlette:
     """The dashboard over the job dirs under ``roots`` and those ``extra_job_dirs()`` returns (the
     registry's). ``allowed_hosts``: the Host headers served (loopback names; ``["*"]`` to serve remotely)."""
     catalog = data.Catalog(roots, extra_job_dirs)
@@ -138,6 +144,5 @@ def create_app(roots: list[Path], extra_job_dirs: Callable[[], list[Path]] | Non
         Route("/api/sweeps/{sweep_id}", sweep),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    middleware = [Middleware(SecurityHeaders),
-                  Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
+    middleware = [Middleware(SecurityHeaders), Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
     return Starlette(routes=routes, middleware=middleware)

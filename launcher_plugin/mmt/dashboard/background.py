@@ -13,9 +13,12 @@ from mmt.core import proctree
 class BackgroundDashboard:
     def __init__(self, dirs: List[Path]) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "mmt.dashboard", *map(str, dirs), "--port", "0"], stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL, text=True,
-            preexec_fn=lambda: proctree.set_parent_death_signal(signal.SIGTERM))  # goes with the launcher
+            [sys.executable, "-m", "mmt.dashboard", *map(str, dirs), "--port", "0"],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            preexec_fn=lambda: proctree.set_parent_death_signal(signal.SIGTERM),
+        )  # goes with the launcher
         first = self.process.stdout.readline() if self.process.stdout else ""
         self.url: Optional[str] = first.split()[2] if first.startswith("mmt dashboard: http") else None
 

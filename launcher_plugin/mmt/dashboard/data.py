@@ -21,7 +21,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -40,9 +40,18 @@ MAX_METRICS_BYTES = 64 * 1024 * 1024  # the sampler keeps its files far smaller;
 
 JOB_ID = re.compile(r"[0-9a-f]{16}")
 
-NODE_SERIES = ("cpu_percent", "mem_used_bytes", "mem_total_bytes", "job_cpu_percent", "job_rss_bytes",
-               "job_processes", "net_sent_bytes_per_s", "net_recv_bytes_per_s", "disk_read_bytes_per_s",
-               "disk_write_bytes_per_s")
+NODE_SERIES = (
+    "cpu_percent",
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "job_cpu_percent",
+    "job_rss_bytes",
+    "job_processes",
+    "net_sent_bytes_per_s",
+    "net_recv_bytes_per_s",
+    "disk_read_bytes_per_s",
+    "disk_write_bytes_per_s",
+)
 GPU_SERIES = ("util_percent", "mem_used_bytes", "mem_total_bytes", "power_w", "temp_c")
 
 
@@ -89,7 +98,7 @@ def inside(root: Path, *parts: str) -> Path | None:
     return path if path.is_relative_to(root) else None
 
 
-def open_regular(path: Path):
+def open_regular(path: Path) -> BinaryIO | None:
     """A binary reader for a regular file, or None: no symlink swapped in after resolving, no FIFO to hang."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -227,8 +236,9 @@ class Catalog:
     Only dirs found here are ever read: the API never takes a path from the client.
     """
 
-    def __init__(self, roots: Iterable[Path], extra: Callable[[], list[Path]] | None = None,
-                 ttl_s: float = 1.0) -> None:
+    def __init__(
+        self, roots: Iterable[Path], extra: Callable[[], list[Path]] | None = None, ttl_s: float = 1.0
+    ) -> None:
         self.roots = [Path(r) for r in roots]
         self.extra = extra
         self.ttl_s = ttl_s
@@ -392,27 +402,29 @@ def job_summary(job_id: str, root: Path, now: float | None = None) -> dict[str, 
         duration = max(0.0, now - started) if running and started else None
     metric_name, metric_value = metric(final)
     view = scheduler_view(root, (final or owner or {}).get("attempt"))
-    return clean({
-        "id": job_id,
-        "num": root.name,
-        "name": str((final or owner or {}).get("name") or root.name),
-        "sweep": opaque_id(root.parent),
-        "status": status,
-        "num_nodes": nodes,
-        "devices": devices,
-        "machine": machine,
-        "duration_s": duration,
-        "started_at": started,
-        "metric_name": metric_name,
-        "metric": metric_value,
-        "overrides": overrides(root, final),
-        "backend": owner.get("backend") if owner else None,
-        "scheduler_id": (final or owner or {}).get("scheduler_id"),
-        # SLURM's pending reason while the job waits (or the one that failed it), and what the status alone does not
-        # say: why it waits, that it can never start, since when the scheduler does not answer
-        "reason": view.reason if view is not None and (view.never_starts or not final) else None,
-        "note": view.note(final=bool(final)) if view is not None else None,
-    })
+    return clean(
+        {
+            "id": job_id,
+            "num": root.name,
+            "name": str((final or owner or {}).get("name") or root.name),
+            "sweep": opaque_id(root.parent),
+            "status": status,
+            "num_nodes": nodes,
+            "devices": devices,
+            "machine": machine,
+            "duration_s": duration,
+            "started_at": started,
+            "metric_name": metric_name,
+            "metric": metric_value,
+            "overrides": overrides(root, final),
+            "backend": owner.get("backend") if owner else None,
+            "scheduler_id": (final or owner or {}).get("scheduler_id"),
+            # SLURM's pending reason while the job waits (or the one that failed it), and what the status alone does not
+            # say: why it waits, that it can never start, since when the scheduler does not answer
+            "reason": view.reason if view is not None and (view.never_starts or not final) else None,
+            "note": view.note(final=bool(final)) if view is not None else None,
+        }
+    )
 
 
 def _mtime_ns(root: Path, *parts: str) -> int | None:
@@ -428,23 +440,26 @@ def job_detail(job_id: str, root: Path) -> dict[str, Any]:
     summary = job_summary(job_id, root)
     _, result, _ = job_state(root)
     failure = result.get("failure") if result else None
-    return clean({
-        **summary,
-        "path": str(root),
-        "error": result.get("error") if result else None,
-        "failure": failure if isinstance(failure, dict) else None,
-        "logs": [{"name": f.name, "node": f.node, "rank": f.rank} for f in log_files(root)],
-        "metric_nodes": [node for node, _ in metrics_files(root)],
-        "curves_version": _mtime_ns(root, TRAINING_METRICS),
-        "return_value": result.get("return_value") if result else None,
-    })
+    return clean(
+        {
+            **summary,
+            "path": str(root),
+            "error": result.get("error") if result else None,
+            "failure": failure if isinstance(failure, dict) else None,
+            "logs": [{"name": f.name, "node": f.node, "rank": f.rank} for f in log_files(root)],
+            "metric_nodes": [node for node, _ in metrics_files(root)],
+            "curves_version": _mtime_ns(root, TRAINING_METRICS),
+            "return_value": result.get("return_value") if result else None,
+        }
+    )
 
 
 # ------------------------------------------------------------------------------------------------------- logs
 
 
-def read_log(path: Path, offset: int | None, whole_lines: bool = True, tail: int = TAIL_BYTES,
-             limit: int = MAX_CHUNK) -> dict[str, Any] | None:
+def read_log(
+    path: Path, offset: int | None, whole_lines: bool = True, tail: int = TAIL_BYTES, limit: int = MAX_CHUNK
+) -> dict[str, Any] | None:
     """A byte range of a log: its last ``tail`` bytes (``offset`` None, or past the end: the file was
     truncated), else from ``offset``, at most ``limit`` bytes. ``whole_lines``: stop after the last complete
     line, so that a line being written (or a UTF-8 sequence) is never split; ``next``: where to go on."""
@@ -454,7 +469,7 @@ def read_log(path: Path, offset: int | None, whole_lines: bool = True, tail: int
     with handle:
         size = os.fstat(handle.fileno()).st_size
         reset = offset is None or offset > size
-        start = max(0, size - tail) if reset else offset
+        start = max(0, size - tail) if offset is None or reset else offset
         handle.seek(start)
         data = handle.read(min(size - start, limit))
     if reset and start > 0:  # begin at a line's start
@@ -463,12 +478,18 @@ def read_log(path: Path, offset: int | None, whole_lines: bool = True, tail: int
     if whole_lines:
         last = data.rfind(b"\n")
         if last >= 0:
-            data = data[:last + 1]
+            data = data[: last + 1]
         elif len(data) < limit:  # only the start of a line: wait for the rest (a longer line is sent cut)
             data = b""
     end = start + len(data)
-    return {"offset": start, "next": end, "size": size, "reset": reset, "more": end < size,
-            "text": data.decode("utf-8", errors="replace")}
+    return {
+        "offset": start,
+        "next": end,
+        "size": size,
+        "reset": reset,
+        "more": end < size,
+        "text": data.decode("utf-8", errors="replace"),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- node metrics
@@ -486,7 +507,7 @@ def metrics_files(root: Path) -> list[tuple[int, Path]]:
     for name in names:
         match = METRICS_NAME.fullmatch(name)
         path = inside(root, METRICS, name) if match else None
-        if path is not None and path.is_file():
+        if match is not None and path is not None and path.is_file():
             found.append((int(match[1]), path))
     return sorted(found)
 
@@ -538,11 +559,21 @@ def node_series(node: int, samples: list[dict[str, Any]]) -> dict[str, Any]:
         for sample in samples:
             found = [g for g in sample.get("gpus") or () if isinstance(g, dict) and g.get("index") == index]
             per_sample.append(found[0] if found else {})
-        gpus.append({"index": index, "name": gpu_ids[index],
-                     "series": {key: [number(g.get(key)) for g in per_sample] for key in GPU_SERIES}})
+        gpus.append(
+            {
+                "index": index,
+                "name": gpu_ids[index],
+                "series": {key: [number(g.get(key)) for g in per_sample] for key in GPU_SERIES},
+            }
+        )
     host = next((str(s["host"]) for s in reversed(samples) if s.get("host")), None)
-    return {"node": node, "host": host, "t": [s["t"] for s in samples],
-            "series": {key: [number(s.get(key)) for s in samples] for key in NODE_SERIES}, "gpus": gpus}
+    return {
+        "node": node,
+        "host": host,
+        "t": [s["t"] for s in samples],
+        "series": {key: [number(s.get(key)) for s in samples] for key in NODE_SERIES},
+        "gpus": gpus,
+    }
 
 
 def node_metrics(root: Path, since: float | None = None, limit: int = MAX_POINTS) -> list[dict[str, Any]]:
@@ -594,7 +625,7 @@ def _parse_csv(path: Path, st: os.stat_result) -> dict[str, Any]:
         if st.st_size > MAX_CSV_BYTES:  # long runs: the header and the latest rows
             handle.seek(st.st_size - MAX_CSV_BYTES)
             body = handle.read()
-            body = body[body.find(b"\n") + 1:]
+            body = body[body.find(b"\n") + 1 :]
         else:
             body = handle.read()
     return parse_curves((header + body).decode("utf-8", errors="replace"))
@@ -606,8 +637,10 @@ def training_curves(root: Path, limit: int = MAX_CURVE_POINTS) -> dict[str, Any]
     if not curves:
         return {"step": [], "series": {}}
     keep = thin(list(range(len(curves["step"]))), limit)
-    return {"step": [curves["step"][i] for i in keep],
-            "series": {n: [values[i] for i in keep] for n, values in curves["series"].items()}}
+    return {
+        "step": [curves["step"][i] for i in keep],
+        "series": {n: [values[i] for i in keep] for n, values in curves["series"].items()},
+    }
 
 
 # ----------------------------------------------------------------------------------------------------- sweeps
@@ -625,8 +658,8 @@ def swept_parameters(jobs: list[dict[str, Any]]) -> dict[str, Any]:
         pairs = (o.split("=", 1) for o in job.get("overrides") or () if "=" in o)
         parsed.append({_override_key(k): v for k, v in pairs})
     keys: list[str] = []
-    for values in parsed:
-        keys += [k for k in values if k not in keys]
+    for given in parsed:
+        keys += [k for k in given if k not in keys]
     names = Counter(j["metric_name"] for j in jobs if j.get("metric_name"))
     params = []
     for key in keys:
@@ -637,11 +670,20 @@ def swept_parameters(jobs: list[dict[str, Any]]) -> dict[str, Any]:
         categories = None if numeric else list(dict.fromkeys("" if v is None else v for v in values))
         points = []
         for job, value in zip(jobs, values):
-            x = to_number(value) if numeric else categories.index("" if value is None else value)
-            points.append({"job": job["id"], "num": job["num"], "x": x, "label": value,
-                           "metric": job.get("metric"), "status": job["status"]})
-        params.append({"name": key, "numeric": numeric, "categories": categories,
-                       "points": sorted(points, key=lambda p: p["x"])})
+            x = to_number(value) if categories is None else categories.index("" if value is None else value)
+            points.append(
+                {
+                    "job": job["id"],
+                    "num": job["num"],
+                    "x": x,
+                    "label": value,
+                    "metric": job.get("metric"),
+                    "status": job["status"],
+                }
+            )
+        params.append(
+            {"name": key, "numeric": numeric, "categories": categories, "points": sorted(points, key=lambda p: p["x"])}
+        )
     return {"metric_name": names.most_common(1)[0][0] if names else None, "params": params}
 
 
@@ -650,8 +692,15 @@ def sweeps(catalog_jobs: dict[str, Path]) -> list[dict[str, Any]]:
     now = time.time()
     grouped: dict[Path, dict[str, Any]] = {}
     for job_id, root in catalog_jobs.items():
-        sweep = grouped.setdefault(root.parent, {"id": opaque_id(root.parent), "path": str(root.parent),
-                                                 "name": "/".join(root.parent.parts[-3:]), "jobs": []})
+        sweep = grouped.setdefault(
+            root.parent,
+            {
+                "id": opaque_id(root.parent),
+                "path": str(root.parent),
+                "name": "/".join(root.parent.parts[-3:]),
+                "jobs": [],
+            },
+        )
         sweep["jobs"].append(job_summary(job_id, root, now))
     for sweep in grouped.values():
         sweep["counts"] = dict(Counter(j["status"] for j in sweep["jobs"]))

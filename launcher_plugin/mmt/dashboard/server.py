@@ -23,14 +23,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="mmt dashboard",
         description="A live page of mmt jobs: status, node metrics, training curves and per-rank logs, read "
-                    "from their job dirs.")
-    parser.add_argument("dirs", nargs="*", metavar="DIR", type=Path,
-                        help="sweep dirs, job dirs, or a parent such as outputs/ (default: ./outputs)")
-    parser.add_argument("--port", type=int, default=None,
-                        help=f"port (default {DEFAULT_PORT}); a busy port falls back to a free one")
+        "from their job dirs.",
+    )
+    parser.add_argument(
+        "dirs",
+        nargs="*",
+        metavar="DIR",
+        type=Path,
+        help="sweep dirs, job dirs, or a parent such as outputs/ (default: ./outputs)",
+    )
+    parser.add_argument(
+        "--port", type=int, default=None, help=f"port (default {DEFAULT_PORT}); a busy port falls back to a free one"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--allow-remote", action="store_true",
-                        help="allow a --host that is not loopback (whoever can reach it can read the logs)")
+    parser.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a --host that is not loopback (whoever can reach it can read the logs)",
+    )
     parser.add_argument("--open", action="store_true", help="open the page in a browser")
     return parser.parse_args(argv)
 
@@ -74,8 +84,9 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
 
 
-def serve(sock: socket.socket, roots: list[Path], extra_job_dirs: Callable[[], list[Path]] | None = None,
-          remote: bool = False) -> None:
+def serve(
+    sock: socket.socket, roots: list[Path], extra_job_dirs: Callable[[], list[Path]] | None = None, remote: bool = False
+) -> None:
     """Serve the dashboard on ``sock`` until interrupted (uvicorn handles SIGINT and SIGTERM)."""
     import uvicorn
 
@@ -94,8 +105,11 @@ def main(argv: list[str] | None = None, extra_job_dirs: Callable[[], list[Path]]
         print(f"mmt dashboard: Invalid --port {args.port}: expected a port 0-65535 (0: any free port)", file=sys.stderr)
         return 2
     if not is_loopback(args.host) and not args.allow_remote:
-        print(f"mmt dashboard: refusing to serve on {args.host}, which is not loopback: the page has no "
-              "authentication. HINT: add --allow-remote to serve it there anyway", file=sys.stderr)
+        print(
+            f"mmt dashboard: refusing to serve on {args.host}, which is not loopback: the page has no "
+            "authentication. HINT: add --allow-remote to serve it there anyway",
+            file=sys.stderr,
+        )
         return 2
     roots = args.dirs or [Path("outputs")]
     missing = [str(d) for d in roots if not d.exists()]

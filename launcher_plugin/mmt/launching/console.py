@@ -25,7 +25,9 @@ _QUEUE = 4096  # lines waiting to be written before the console starts dropping
 _COUNT_CHUNK = 1 << 20  # bytes read at a time to count the lines a finished job's console did not show
 _COUNT_S = 0.5  # how long that count may take (past it, the note says "N+")
 # ESC sequences (CSI, OSC, two-character) and C0 controls other than tab
-_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?|[\x00-\x08\x0b-\x1f\x7f]")
+_CONTROL = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?|[\x00-\x08\x0b-\x1f\x7f]"
+)
 
 
 def clean(line: str) -> str:
@@ -77,8 +79,9 @@ class Console:
             self.dropped += text.count("\n") or 1
 
     def _dropped_note(self) -> str:
-        return (f"[mmt] {self.dropped} line(s) not shown: the console could not keep up; every line is in the job's "
-                "logs/\n")
+        return (
+            f"[mmt] {self.dropped} line(s) not shown: the console could not keep up; every line is in the job's logs/\n"
+        )
 
     def _run(self) -> None:
         while True:
@@ -94,7 +97,7 @@ class Console:
                 else:
                     data = text.encode(errors="replace")
                     while data:
-                        data = data[os.write(self._fd, data):]
+                        data = data[os.write(self._fd, data) :]
             except (BrokenPipeError, OSError, ValueError):
                 self.closed = True  # a closed or broken stdout: stop printing, keep supervising
                 self._silence()
@@ -114,8 +117,14 @@ class Console:
         """A rich Live block under the lines (a terminal only); the caller updates and stops it."""
         from rich.live import Live
 
-        live = Live(renderable, console=self._rich, refresh_per_second=4, transient=True, redirect_stdout=False,
-                    redirect_stderr=False)
+        live = Live(
+            renderable,
+            console=self._rich,
+            refresh_per_second=4,
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
         live.start()
         return live
 
@@ -183,8 +192,10 @@ class LogFollower:
         left = self._lines_left(deadline=time.monotonic() + _COUNT_S)
         if left:
             count = f"{left[0]}{'+' if left[1] else ''}"
-            self.console.write(f"{self.prefix}[mmt] {count} more line(s) not shown: the job ended faster than the "
-                               f"console could follow it; every line is in {self.path}\n")
+            self.console.write(
+                f"{self.prefix}[mmt] {count} more line(s) not shown: the job ended faster than the "
+                f"console could follow it; every line is in {self.path}\n"
+            )
 
     def _lines_left(self, deadline: float) -> Optional[Tuple[int, bool]]:
         """(lines of the log after what was read, whether there are more: the count stops at ``deadline``); None

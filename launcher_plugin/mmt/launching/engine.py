@@ -16,34 +16,38 @@ Every front end calls it: the Hydra launcher (``python train.py -m``), the ``mmt
 * :func:`attach`: step 3 and 4 for jobs another process started (``mmt wait``).
 """
 
+import os
 import re
 import shutil
 import signal
 import socket
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mmt.backends.base import Backend, JobHandle, JobTracker, Submission
-
-from mmt.records.outcome import JobOutcome
-
 from mmt.core import proctree
-from mmt.core.states import JobState
-from mmt.core.states import ConsoleMode
 from mmt.core.jobdir import Attempt, JobDir, SweepDir, new_attempt_id
+from mmt.core.states import ConsoleMode, JobState
 from mmt.launching.console import Console, LogFollower, tail
-from mmt.records.outcome import (missing_result, outcome_of_record, read_primary_return, read_result,
-                                   result_record, return_value_of, write_result)
-from mmt.records.ownership import Claim, claim
-from mmt.records.payload import JobPayload, discard_payload, write_payload
 from mmt.launching.report import SummaryRow, append_summary_csv, first_line, format_summary, metric_of
 from mmt.launching.signals import SignalTrap
 from mmt.monitor.progress import ProgressView
 from mmt.planning.plan import JobPlan
 from mmt.planning.redact import env_names_in, masked_overrides
+from mmt.records.outcome import (
+    JobOutcome,
+    missing_result,
+    outcome_of_record,
+    read_primary_return,
+    read_result,
+    result_record,
+    return_value_of,
+    write_result,
+)
+from mmt.records.ownership import Claim, claim
+from mmt.records.payload import JobPayload, discard_payload, write_payload
 from mmt.records.registry import JobRecord, Registry
 from mmt.records.schema import OwnerRecord, ResultRecord, UnknownSchemaError
 
@@ -137,16 +141,19 @@ def _refuse_taken_names(registry: Optional[Registry], plans: Sequence[JobPlan]) 
 
     taken = registry.names_taken([plan.name for plan in plans])
     if taken:
-        raise UsageError(f"the registry already holds a job named {taken[0]!r}. HINT: choose another name "
-                         f"(hydra.launcher.name / --name), or `mmt delete {taken[0]}` first")
+        raise UsageError(
+            f"the registry already holds a job named {taken[0]!r}. HINT: choose another name "
+            f"(hydra.launcher.name / --name), or `mmt delete {taken[0]}` first"
+        )
 
 
 def _claim_all(plans: Sequence[JobPlan], backend: Backend[Any], attempts: Dict[int, Attempt]) -> Dict[int, Claim]:
     claims: Dict[int, Claim] = {}
     try:
         for plan in plans:
-            owner = OwnerRecord.of_this_process(attempt=attempts[plan.num].id, name=plan.name, backend=backend.name,
-                                                job_id=plan.job_id)
+            owner = OwnerRecord.of_this_process(
+                attempt=attempts[plan.num].id, name=plan.name, backend=backend.name, job_id=plan.job_id
+            )
             claims[plan.num] = claim(JobDir(Path(plan.job_dir)), owner, backend.owner_active)
     except BaseException:
         for held in claims.values():
@@ -156,18 +163,36 @@ def _claim_all(plans: Sequence[JobPlan], backend: Backend[Any], attempts: Dict[i
 
 
 def _record(plan: JobPlan, attempt: Attempt, backend: str, sweep_dir: Path, detached: bool) -> JobRecord:
-    return JobRecord(name=plan.name, job_id=plan.job_id, backend=backend, job_dir=plan.job_dir,
-                     sweep_dir=str(sweep_dir.absolute()), attempt=attempt.id, num_nodes=plan.num_nodes,
-                     devices=plan.devices, machine=plan.machine.name, command=plan.command,
-                     command_mode=plan.command_mode, overrides=masked_overrides(plan.overrides, plan.secret_names),
-                     state=JobState.PENDING.value,
-                     supervisor_pid=os.getpid(), supervisor_host=socket.gethostname(),
-                     supervisor_start=proctree.start_time(os.getpid()), detached=detached,
-                     created_at=time.time())
+    return JobRecord(
+        name=plan.name,
+        job_id=plan.job_id,
+        backend=backend,
+        job_dir=plan.job_dir,
+        sweep_dir=str(sweep_dir.absolute()),
+        attempt=attempt.id,
+        num_nodes=plan.num_nodes,
+        devices=plan.devices,
+        machine=plan.machine.name,
+        command=plan.command,
+        command_mode=plan.command_mode,
+        overrides=masked_overrides(plan.overrides, plan.secret_names),
+        state=JobState.PENDING.value,
+        supervisor_pid=os.getpid(),
+        supervisor_host=socket.gethostname(),
+        supervisor_start=proctree.start_time(os.getpid()),
+        detached=detached,
+        created_at=time.time(),
+    )
 
 
-def _start(jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchOptions, console: Console,
-           detached: bool, trap: Optional[SignalTrap] = None) -> Tuple[List[_Watched], List[JobPlan]]:
+def _start(
+    jobs: Sequence[PreparedJob],
+    backend: Backend[Any],
+    options: LaunchOptions,
+    console: Console,
+    detached: bool,
+    trap: Optional[SignalTrap] = None,
+) -> Tuple[List[_Watched], List[JobPlan]]:
     """Refuse, claim, write payloads, register and submit every job; on any failure nothing is left behind.
 
     A signal caught by ``trap`` stops the submitting: the jobs not submitted yet are given up (their claims, payloads
@@ -183,22 +208,31 @@ def _start(jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchOp
         for job in jobs:
             write_payload(attempts[job.plan.num], job.payload)
         if options.registry is not None:
-            options.registry.add([_record(p, attempts[p.num], backend.name, options.sweep_dir, detached)
-                                  for p in plans])
-        console.write(f"mmt: launching {len(jobs)} job(s) on cluster={backend.name}, sweep dir "
-                      f"{options.sweep_dir}\n")
+            options.registry.add(
+                [_record(p, attempts[p.num], backend.name, options.sweep_dir, detached) for p in plans]
+            )
+        console.write(f"mmt: launching {len(jobs)} job(s) on cluster={backend.name}, sweep dir {options.sweep_dir}\n")
         for job in jobs:
             if trap is not None and trap.received is not None:
                 break
             plan = job.plan
-            console.write(f"\t#{plan.num} {plan.name}: {' '.join(masked_overrides(plan.overrides, plan.secret_names))}"
-                          f" ({plan.num_nodes} x {plan.devices})\n")
+            console.write(
+                f"\t#{plan.num} {plan.name}: {' '.join(masked_overrides(plan.overrides, plan.secret_names))}"
+                f" ({plan.num_nodes} x {plan.devices})\n"
+            )
             aside = _set_earlier_logs_aside(plan, earlier[plan.num])
             if aside is not None:
                 console.write(f"\t   (the earlier run's logs are in {aside})\n")
             handle = backend.submit(Submission(plan=plan, attempt=attempts[plan.num], copied_env=job.copied_env))
-            watched.append(_Watched(plan=plan, handle=handle, claim=claims[plan.num], started_at=time.time(),
-                                    survives_launcher=backend.survives_launcher))
+            watched.append(
+                _Watched(
+                    plan=plan,
+                    handle=handle,
+                    claim=claims[plan.num],
+                    started_at=time.time(),
+                    survives_launcher=backend.survives_launcher,
+                )
+            )
             scheduler_id = backend.poll(handle).scheduler_id
             if scheduler_id:
                 claims[plan.num].update(scheduler_id=scheduler_id)
@@ -256,8 +290,13 @@ def _unsubmitted(plans: Sequence[JobPlan], watched: Sequence[_Watched]) -> List[
     return [plan for plan in plans if plan.num not in submitted]
 
 
-def _give_up(plans: Sequence[JobPlan], attempts: Dict[int, Attempt], claims: Dict[int, Claim], backend: Backend[Any],
-             registry: Optional[Registry]) -> None:
+def _give_up(
+    plans: Sequence[JobPlan],
+    attempts: Dict[int, Attempt],
+    claims: Dict[int, Claim],
+    backend: Backend[Any],
+    registry: Optional[Registry],
+) -> None:
     """Jobs that were never submitted leave nothing behind: no attempt, no claim, no record."""
     for plan in plans:
         shutil.rmtree(attempts[plan.num].dir, ignore_errors=True)
@@ -278,9 +317,14 @@ class NotStarted:
     reason: str
 
 
-def launch(jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchOptions,
-           console: Optional[Console] = None, accepted: Optional[Callable[[List[Submitted]], None]] = None,
-           not_started: Sequence[NotStarted] = ()) -> LaunchReport:
+def launch(
+    jobs: Sequence[PreparedJob],
+    backend: Backend[Any],
+    options: LaunchOptions,
+    console: Optional[Console] = None,
+    accepted: Optional[Callable[[List[Submitted]], None]] = None,
+    not_started: Sequence[NotStarted] = (),
+) -> LaunchReport:
     """Run ``jobs`` on ``backend`` until every one has ended (or the launch is detached); conclude each.
 
     ``accepted``: called once every job is registered and submitted (a detached supervisor tells its launcher).
@@ -293,19 +337,35 @@ def launch(jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchOp
             console.close()
 
 
-def _launch(jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchOptions, console: Console,
-            accepted: Optional[Callable[[List[Submitted]], None]], not_started: Sequence[NotStarted]
-            ) -> LaunchReport:
+def _launch(
+    jobs: Sequence[PreparedJob],
+    backend: Backend[Any],
+    options: LaunchOptions,
+    console: Console,
+    accepted: Optional[Callable[[List[Submitted]], None]],
+    not_started: Sequence[NotStarted],
+) -> LaunchReport:
     # from the first submission to the last line of the summary, a signal is a flag (the first stops every job, a
     # second hurries): a Ctrl-C or a hangup while jobs are being submitted still ends with every result written
     with SignalTrap() as trap:
         watched, unsubmitted = _start(jobs, backend, options, console, detached=False, trap=trap)
         try:
             if accepted is not None:
-                accepted([Submitted(w.plan, w.handle.attempt, backend.name, backend.poll(w.handle).scheduler_id)
-                          for w in watched])
-            report = _watch(watched, backend, options, console, trap, on_hangup="detach"
-                            if backend.survives_launcher else "stop", on_interrupt="stop")
+                accepted(
+                    [
+                        Submitted(w.plan, w.handle.attempt, backend.name, backend.poll(w.handle).scheduler_id)
+                        for w in watched
+                    ]
+                )
+            report = _watch(
+                watched,
+                backend,
+                options,
+                console,
+                trap,
+                on_hangup="detach" if backend.survives_launcher else "stop",
+                on_interrupt="stop",
+            )
         except BaseException:
             # a bug, or an exception from the backend: nothing may be left running or unreported
             for item in watched:
@@ -318,14 +378,17 @@ def _launch(jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchO
                     item.claim.release(forget=False)
         report.unsubmitted = [plan.num for plan in unsubmitted]
         why = f"the launcher received {trap.name} before it was submitted"
-        not_started = [*not_started, *(NotStarted(plan.num, masked_overrides(plan.overrides, plan.secret_names), why)
-                                       for plan in unsubmitted)]
+        not_started = [
+            *not_started,
+            *(NotStarted(plan.num, masked_overrides(plan.overrides, plan.secret_names), why) for plan in unsubmitted),
+        ]
         summarise(options.sweep_dir, report, console, not_started=not_started)
     return report
 
 
-def submit(jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchOptions,
-           console: Optional[Console] = None) -> List[Submitted]:
+def submit(
+    jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchOptions, console: Optional[Console] = None
+) -> List[Submitted]:
     """Start ``jobs`` and return at once; they conclude themselves (a backend whose jobs outlive the launcher)."""
     assert backend.survives_launcher, f"cluster={backend.name} jobs need a supervisor to outlive the launcher"
     own, console = console is None, console or Console()
@@ -343,8 +406,13 @@ def submit(jobs: Sequence[PreparedJob], backend: Backend[Any], options: LaunchOp
     return submitted
 
 
-def attach(handles: Sequence[JobHandle], backend: JobTracker[Any], options: LaunchOptions,
-           console: Optional[Console] = None, timeout_s: Optional[float] = None) -> LaunchReport:
+def attach(
+    handles: Sequence[JobHandle],
+    backend: JobTracker[Any],
+    options: LaunchOptions,
+    console: Optional[Console] = None,
+    timeout_s: Optional[float] = None,
+) -> LaunchReport:
     """Watch jobs another process started until they end (``mmt wait``); Ctrl-C stops watching, not the jobs;
     so does ``timeout_s``."""
     own, console = console is None, console or Console()
@@ -352,8 +420,9 @@ def attach(handles: Sequence[JobHandle], backend: JobTracker[Any], options: Laun
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         with SignalTrap() as trap:
-            report = _watch(watched, backend, options, console, trap, on_hangup="detach", on_interrupt="detach",
-                            deadline=deadline)
+            report = _watch(
+                watched, backend, options, console, trap, on_hangup="detach", on_interrupt="detach", deadline=deadline
+            )
             summarise(options.sweep_dir, report, console, write_csv=False)
     finally:
         if own:
@@ -364,8 +433,17 @@ def attach(handles: Sequence[JobHandle], backend: JobTracker[Any], options: Laun
 # ------------------------------------------------------------------------------------------------ watching
 
 
-def _watch(watched: List[_Watched], backend: JobTracker[Any], options: LaunchOptions, console: Console, trap: SignalTrap, *,
-           on_hangup: str, on_interrupt: str, deadline: Optional[float] = None) -> LaunchReport:
+def _watch(
+    watched: List[_Watched],
+    backend: JobTracker[Any],
+    options: LaunchOptions,
+    console: Console,
+    trap: SignalTrap,
+    *,
+    on_hangup: str,
+    on_interrupt: str,
+    deadline: Optional[float] = None,
+) -> LaunchReport:
     report = LaunchReport(jobs=[])
     interrupted = killed = False
     next_stop_check = 0.0
@@ -431,9 +509,14 @@ def _followers(plan: JobPlan, mode: ConsoleMode, console: Console) -> List[LogFo
         return []
     job_dir = JobDir(Path(plan.job_dir))
     places = plan.places() if mode == ConsoleMode.all else plan.places()[:1]
-    return [LogFollower(job_dir.log(p.node_rank, p.rank, plan.per_node),
-                        f"[#{plan.num} n{p.node_rank}" + ("" if plan.per_node else f" r{p.rank}") + "] ", console)
-            for p in places]
+    return [
+        LogFollower(
+            job_dir.log(p.node_rank, p.rank, plan.per_node),
+            f"[#{plan.num} n{p.node_rank}" + ("" if plan.per_node else f" r{p.rank}") + "] ",
+            console,
+        )
+        for p in places
+    ]
 
 
 def _conclude(item: _Watched, outcome: JobOutcome, console: Console, registry: Optional[Registry]) -> JobReport:
@@ -449,14 +532,16 @@ def _conclude(item: _Watched, outcome: JobOutcome, console: Console, registry: O
     else:
         if outcome.status == JobState.COMPLETED and primary is None:
             outcome.status, outcome.failure = JobState.FAILED, missing_result(plan)
-        record = result_record(plan, outcome, return_value_of(primary), attempt.id, started_at=item.started_at,
-                               ended_at=time.time())
+        record = result_record(
+            plan, outcome, return_value_of(primary), attempt.id, started_at=item.started_at, ended_at=time.time()
+        )
         try:
             write_result(plan, record)
         except OSError as exc:
             write_error = f"{JobDir(Path(plan.job_dir)).result}: {exc.strerror or exc}"
-    report = JobReport(plan=plan, outcome=outcome, attempt=attempt, primary=primary, record=record,
-                       write_error=write_error)
+    report = JobReport(
+        plan=plan, outcome=outcome, attempt=attempt, primary=primary, record=record, write_error=write_error
+    )
     if outcome.failure is not None and outcome.failure.rank != 0 and not outcome.failure.missing_result:
         _show_tail(plan, outcome, console)
     # the registry first, then the claim: while its supervisor holds the attempt's beacon, a job is never taken for
@@ -508,8 +593,13 @@ def _discard(item: _Watched) -> None:
 # ------------------------------------------------------------------------------------------------ the summary
 
 
-def summarise(sweep_dir: Path, report: LaunchReport, console: Console, write_csv: bool = True,
-              not_started: Sequence[NotStarted] = ()) -> None:
+def summarise(
+    sweep_dir: Path,
+    report: LaunchReport,
+    console: Console,
+    write_csv: bool = True,
+    not_started: Sequence[NotStarted] = (),
+) -> None:
     rows, metric_name = [], "metric"
     for job in report.jobs:
         plan, outcome = job.plan, job.outcome
@@ -518,15 +608,33 @@ def summarise(sweep_dir: Path, report: LaunchReport, console: Console, write_csv
         metric_name = metric["name"] if metric["value"] != "-" else metric_name
         note = "" if outcome.status == JobState.COMPLETED else first_line(job.record.error or "")
         note = note.removeprefix(f"{plan.label}: ")
-        rows.append(SummaryRow(job=plan.num, name=plan.name,
-                               overrides=" ".join(masked_overrides(plan.overrides, plan.secret_names)),
-                               status=outcome.status.value, num_nodes=plan.num_nodes, devices=plan.devices,
-                               duration_s=outcome.duration_s, metric=metric["value"], note=note))
+        rows.append(
+            SummaryRow(
+                job=plan.num,
+                name=plan.name,
+                overrides=" ".join(masked_overrides(plan.overrides, plan.secret_names)),
+                status=outcome.status.value,
+                num_nodes=plan.num_nodes,
+                devices=plan.devices,
+                duration_s=outcome.duration_s,
+                metric=metric["value"],
+                note=note,
+            )
+        )
     for refused in not_started:
-        rows.append(SummaryRow(job=refused.num, name="-", overrides=" ".join(masked_overrides(
-                               refused.overrides, env_names_in(refused.overrides))), status="FAILED",
-                               num_nodes=0, devices=0, duration_s=None, metric="-",
-                               note=f"not started: {first_line(refused.reason)}"))
+        rows.append(
+            SummaryRow(
+                job=refused.num,
+                name="-",
+                overrides=" ".join(masked_overrides(refused.overrides, env_names_in(refused.overrides))),
+                status="FAILED",
+                num_nodes=0,
+                devices=0,
+                duration_s=None,
+                metric="-",
+                note=f"not started: {first_line(refused.reason)}",
+            )
+        )
     rows.sort(key=lambda row: row.job)
     if rows:
         console.write("\n" + format_summary(f"mmt summary ({sweep_dir})", rows, metric_name) + "\n\n")
@@ -543,11 +651,17 @@ def summarise(sweep_dir: Path, report: LaunchReport, console: Console, write_csv
         except OSError as exc:
             unwritten.append(f"{SweepDir(sweep_dir).summary_png}: {exc.strerror or exc}")
     if unwritten:
-        console.write(f"mmt: could not write {len(unwritten)} file(s); the summary above is complete: "
-                      + "; ".join(unwritten) + "\n")
+        console.write(
+            f"mmt: could not write {len(unwritten)} file(s); the summary above is complete: "
+            + "; ".join(unwritten)
+            + "\n"
+        )
     if report.detached:
-        console.write(f"mmt: {len(report.detached)} job(s) run on, detached: {', '.join(report.detached)}. "
-                      "Follow them with `mmt wait NAME`, `mmt logs NAME -f` or `mmt list`\n")
+        console.write(
+            f"mmt: {len(report.detached)} job(s) run on, detached: {', '.join(report.detached)}. "
+            "Follow them with `mmt wait NAME`, `mmt logs NAME -f` or `mmt list`\n"
+        )
     elif report.interrupted_by is not None:
-        console.write(f"mmt: {signal.Signals(report.interrupted_by).name} received; every rank of every job was "
-                      "stopped\n")
+        console.write(
+            f"mmt: {signal.Signals(report.interrupted_by).name} received; every rank of every job was stopped\n"
+        )

@@ -21,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from mmt.backends.base import Backend
 from mmt.backends.registry import UnknownBackendError, backend_class
 from mmt.backends.registry import names as backend_names
-from mmt.core.errors import ConfigError
 from mmt.core import launch_id
+from mmt.core.errors import ConfigError
 from mmt.launching import engine, supervisor
 from mmt.launching.compose_once import ComposeOnce, compose_job
 from mmt.launching.console import Console
@@ -43,8 +43,12 @@ def make_backend(launcher_cfg: DictConfig) -> Backend[Any]:
     try:
         cls = backend_class(str(name))
     except UnknownBackendError:
-        raise ConfigError("hydra.launcher.backend", name, f"expected one of [{', '.join(backend_names())}]",
-                          "select a launcher with cluster=<name> (hydra/launcher=mmt_local|mmt_slurm)") from None
+        raise ConfigError(
+            "hydra.launcher.backend",
+            name,
+            f"expected one of [{', '.join(backend_names())}]",
+            "select a launcher with cluster=<name> (hydra/launcher=mmt_local|mmt_slurm)",
+        ) from None
     return cls.from_config(launcher_cfg)
 
 
@@ -78,8 +82,9 @@ def check_sweep_dir(config: DictConfig) -> None:
     path = Path(raw).absolute()
     existing = next(p for p in [path, *path.parents] if p.exists())
     if not existing.is_dir():
-        raise ConfigError("hydra.sweep.dir", raw, f"{existing} exists and is not a directory",
-                          "choose another hydra.sweep.dir")
+        raise ConfigError(
+            "hydra.sweep.dir", raw, f"{existing} exists and is not a directory", "choose another hydra.sweep.dir"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
         what = "is not writable" if existing == path else f"cannot be created: {existing} is not writable"
         raise ConfigError("hydra.sweep.dir", raw, f"the sweep dir {what}", "choose a writable hydra.sweep.dir")
@@ -94,8 +99,12 @@ class HydraJob:
 
 def check_name(key: str, name: Any) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(key, name, "expected letters, digits, '.', '-' and '_', starting with a letter or digit "
-                          "(at most 81)", f"e.g. {key}=lr-sweep")
+        raise ConfigError(
+            key,
+            name,
+            "expected letters, digits, '.', '-' and '_', starting with a letter or digit (at most 81)",
+            f"e.g. {key}=lr-sweep",
+        )
     return name
 
 
@@ -117,9 +126,17 @@ def _freeze_output_dir(config: DictConfig) -> str:
     return os.path.abspath(os.path.join(sweep_dir, subdir))
 
 
-def prepare_job(*, hydra_context: Any, master: DictConfig, task_function: Any, backend: Backend[Any],
-                overrides: Sequence[str], num: int, name: Optional[str] = None,
-                amend: Optional[Callable[[DictConfig], None]] = None) -> HydraJob:
+def prepare_job(
+    *,
+    hydra_context: Any,
+    master: DictConfig,
+    task_function: Any,
+    backend: Backend[Any],
+    overrides: Sequence[str],
+    num: int,
+    name: Optional[str] = None,
+    amend: Optional[Callable[[DictConfig], None]] = None,
+) -> HydraJob:
     """Compose one job's config from the sweep's master config and its overrides, plan it, and pack its payload.
     ``name``: the job's registry name (the CLI's --name); default: from hydra.launcher.name or the launch.
     ``amend``: changes the composed config before it is planned (the CLI's env values)."""
@@ -128,8 +145,12 @@ def prepare_job(*, hydra_context: Any, master: DictConfig, task_function: Any, b
         amend(config)
     target = OmegaConf.select(config, "hydra.launcher._target_")
     if target != master.hydra.launcher._target_:
-        raise ConfigError("hydra/launcher", target, f"job {num} ({' '.join(overrides)}) selects another launcher "
-                          "than the sweep's; a sweep runs on one backend", "run one sweep per cluster, not cluster=a,b")
+        raise ConfigError(
+            "hydra/launcher",
+            target,
+            f"job {num} ({' '.join(overrides)}) selects another launcher than the sweep's; a sweep runs on one backend",
+            "run one sweep per cluster, not cluster=a,b",
+        )
     launcher_cfg = config.hydra.launcher
     name = name or _job_name(launcher_cfg, config, num)
     job_id = f"{launch_id.current().job_names}-{num}"
@@ -137,15 +158,31 @@ def prepare_job(*, hydra_context: Any, master: DictConfig, task_function: Any, b
         config.hydra.job.id = job_id
         config.hydra.job.num = num
     job_dir = _freeze_output_dir(config)
-    plan = plan_job(launcher_cfg, num=num, name=name, job_id=job_id, overrides=list(overrides), job_dir=job_dir,
-                    limits=backend.limits, launcher_env=os.environ)
+    plan = plan_job(
+        launcher_cfg,
+        num=num,
+        name=name,
+        job_id=job_id,
+        overrides=list(overrides),
+        job_dir=job_dir,
+        limits=backend.limits,
+        launcher_env=os.environ,
+    )
     if plan.command is None:  # the task function runs this config (a command runs what it says)
         check_strategies(config)
-    payload = JobPayload(plan=plan, callbacks=hydra_context.callbacks, task_function=task_function,
-                         config=config, singleton_state=Singleton.get_state())
+    payload = JobPayload(
+        plan=plan,
+        callbacks=hydra_context.callbacks,
+        task_function=task_function,
+        config=config,
+        singleton_state=Singleton.get_state(),
+    )
     optimize = OmegaConf.select(launcher_cfg, "optimized_metric")
-    return HydraJob(prepared=engine.PreparedJob(payload=payload, copied_env={n: os.environ[n] for n in plan.env_from}),
-                     config=config, optimize=optimize if isinstance(optimize, str) else None)
+    return HydraJob(
+        prepared=engine.PreparedJob(payload=payload, copied_env={n: os.environ[n] for n in plan.env_from}),
+        config=config,
+        optimize=optimize if isinstance(optimize, str) else None,
+    )
 
 
 def start_dashboard(launcher_cfg: DictConfig, sweep_dir: Path, console: Console) -> Any:
@@ -155,8 +192,9 @@ def start_dashboard(launcher_cfg: DictConfig, sweep_dir: Path, console: Console)
     from mmt.dashboard.background import BackgroundDashboard  # the page's server: only when asked for
 
     page = BackgroundDashboard([sweep_dir])
-    console.write(f"mmt: live page: {page.url or 'could not start (see the log above)'}  (later: mmt dashboard "
-                  f"{sweep_dir})\n")
+    console.write(
+        f"mmt: live page: {page.url or 'could not start (see the log above)'}  (later: mmt dashboard {sweep_dir})\n"
+    )
     return page
 
 
@@ -166,18 +204,25 @@ def open_registry() -> Optional[Registry]:
     try:
         registry.names_taken([])
     except Exception as exc:
-        print(f"mmt: WARNING the job registry {registry.path} cannot be used ({exc}); jobs run unregistered",
-              file=sys.stderr)
+        print(
+            f"mmt: WARNING the job registry {registry.path} cannot be used ({exc}); jobs run unregistered",
+            file=sys.stderr,
+        )
         return None
     return registry
 
 
-def detached_submit(jobs: List[engine.PreparedJob], backend: Backend[Any], options: engine.LaunchOptions
-                    ) -> List[engine.Submitted]:
+def detached_submit(
+    jobs: List[engine.PreparedJob], backend: Backend[Any], options: engine.LaunchOptions
+) -> List[engine.Submitted]:
     """Start jobs that outlive this process: SLURM's conclude themselves; local ones get a supervisor."""
     if options.registry is None:
-        raise ConfigError("hydra.launcher.detach", True, "detached jobs are found again through the job registry, "
-                          "which cannot be opened here", "fix MMT_HOME (or ~/.mmt), or run attached")
+        raise ConfigError(
+            "hydra.launcher.detach",
+            True,
+            "detached jobs are found again through the job registry, which cannot be opened here",
+            "fix MMT_HOME (or ~/.mmt), or run attached",
+        )
     if backend.survives_launcher:
         return engine.submit(jobs, backend, options)
     return supervisor.start(jobs, backend, options, launch_id.current().launch)

@@ -46,7 +46,7 @@ def one_line(text: str, limit: int = MAX_OVERRIDES) -> str:
     keep = max(2, limit - len(_ELISION))
     head = (keep + 1) // 2
     # no double space around the elision: readers split the table's columns on them
-    return text[:head].rstrip() + _ELISION + text[len(text) - (keep - head):].lstrip()
+    return text[:head].rstrip() + _ELISION + text[len(text) - (keep - head) :].lstrip()
 
 
 def metric_of(value: object, key: Optional[str]) -> Dict[str, str]:
@@ -65,8 +65,14 @@ def metric_of(value: object, key: Optional[str]) -> Dict[str, str]:
 def format_summary(title: str, rows: Sequence[SummaryRow], metric_name: str) -> str:
     header = ["#", "overrides", "status", "nodes x devices", "duration", metric_name]
     body = [
-        [str(r.job), one_line(r.overrides) or "(none)", r.status, r.topology,
-         "-" if r.duration_s is None else f"{r.duration_s:.1f} s", r.metric]
+        [
+            str(r.job),
+            one_line(r.overrides) or "(none)",
+            r.status,
+            r.topology,
+            "-" if r.duration_s is None else f"{r.duration_s:.1f} s",
+            r.metric,
+        ]
         for r in rows
     ]
     widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
@@ -81,8 +87,20 @@ def append_summary_csv(path: Path, rows: List[SummaryRow], metric_name: str) -> 
     with open(path, "a", newline="") as handle:
         writer = csv.writer(handle)
         if new:
-            writer.writerow(["job", "name", "overrides", "status", "num_nodes", "devices", "duration_s", metric_name,
-                             "note"])
+            writer.writerow(
+                ["job", "name", "overrides", "status", "num_nodes", "devices", "duration_s", metric_name, "note"]
+            )
         for row in rows:
-            writer.writerow([row.job, row.name, row.overrides, row.status, row.num_nodes, row.devices,
-                             "" if row.duration_s is None else f"{row.duration_s:.2f}", row.metric, row.note])
+            writer.writerow(
+                [
+                    row.job,
+                    row.name,
+                    row.overrides,
+                    row.status,
+                    row.num_nodes,
+                    row.devices,
+                    "" if row.duration_s is None else f"{row.duration_s:.2f}",
+                    row.metric,
+                    row.note,
+                ]
+            )

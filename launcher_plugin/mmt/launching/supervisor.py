@@ -22,15 +22,16 @@ import cloudpickle
 
 from mmt.backends.base import Backend
 from mmt.core.errors import UsageError
-from mmt.core.states import ConsoleMode
 from mmt.core.jobdir import Attempt, SweepDir, make_private_dir, write_atomic
+from mmt.core.states import ConsoleMode
 from mmt.launching import engine
 from mmt.launching.console import Console
 from mmt.records.payload import open_private
 
 
-def start(jobs: Sequence[engine.PreparedJob], backend: Backend[Any], options: engine.LaunchOptions,
-          launch_id: str) -> List[engine.Submitted]:
+def start(
+    jobs: Sequence[engine.PreparedJob], backend: Backend[Any], options: engine.LaunchOptions, launch_id: str
+) -> List[engine.Submitted]:
     """Hand ``jobs`` to a new supervisor process; returns once it has started them (raises what refused them)."""
     sweep = SweepDir(options.sweep_dir)
     make_private_dir(sweep.private)
@@ -38,27 +39,39 @@ def start(jobs: Sequence[engine.PreparedJob], backend: Backend[Any], options: en
     # holds the payloads (and copied secrets): the owner's only, removed by the supervisor once read
     # two layers: sys.path (plain data) first, so the app's modules can be found when the jobs are unpickled
     # the backend travels as its class and settings: the supervisor builds its own (its agent, its ports)
-    inner = cloudpickle.dumps({"jobs": list(jobs), "backend": type(backend), "settings": backend.settings,
-                               "options": options})
+    inner = cloudpickle.dumps(
+        {"jobs": list(jobs), "backend": type(backend), "settings": backend.settings, "options": options}
+    )
     write_atomic(spec, pickle.dumps({"sys_path": list(sys.path), "inner": inner}), private=True)
     read_end, write_end = os.pipe()
     with open(log, "ab") as out:
-        process = subprocess.Popen([sys.executable, "-m", "mmt.launching.supervisor", str(spec), str(write_end)],
-                                   pass_fds=[write_end], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True, cwd=os.getcwd())
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mmt.launching.supervisor", str(spec), str(write_end)],
+            pass_fds=[write_end],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=os.getcwd(),
+        )
     os.close(write_end)
     with os.fdopen(read_end) as answer:
         reply = answer.read()
     if not reply:
         code = process.poll()
         spec.unlink(missing_ok=True)
-        raise UsageError(f"the detached supervisor (pid {process.pid}) exited before starting the jobs"
-                         + (f" (code {code})" if code is not None else "") + f"; see {log}")
+        raise UsageError(
+            f"the detached supervisor (pid {process.pid}) exited before starting the jobs"
+            + (f" (code {code})" if code is not None else "")
+            + f"; see {log}"
+        )
     message = json.loads(reply)
     if "error" in message:
         raise UsageError(message["error"])
-    return [engine.Submitted(plan=job.plan, attempt=Attempt(Path(a)), backend=backend.name)
-            for job, a in zip(jobs, message["attempts"])]
+    return [
+        engine.Submitted(plan=job.plan, attempt=Attempt(Path(a)), backend=backend.name)
+        for job, a in zip(jobs, message["attempts"])
+    ]
 
 
 def main(argv: Optional[List[str]] = None) -> int:

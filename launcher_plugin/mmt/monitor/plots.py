@@ -47,9 +47,15 @@ class Plotter:
         # its pipe, or goes
         # one BLAS thread: drawing a plot needs none, and numpy's import would start a pool of them
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-        self.process = subprocess.Popen([sys.executable, "-m", "mmt.monitor.plots"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mmt.monitor.plots"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
 
     @classmethod
     def start(cls) -> None:
@@ -60,8 +66,12 @@ class Plotter:
     def draw(cls, sweep_dir: Path) -> Optional[Path]:
         """``write_sweep_plot`` in the plotter process when there is one (it stays for the next batch), else here."""
         plotter = cls.current
-        if plotter is None or plotter.process.poll() is not None or plotter.process.stdin is None \
-                or plotter.process.stdout is None:
+        if (
+            plotter is None
+            or plotter.process.poll() is not None
+            or plotter.process.stdin is None
+            or plotter.process.stdout is None
+        ):
             return _drawn_here(sweep_dir)
         try:
             plotter.process.stdin.write(str(sweep_dir) + "\n")
@@ -103,6 +113,8 @@ def _serve() -> None:
             print(f"error {' '.join(str(exc.strerror or exc).split())}", flush=True)
             continue
         print(written or "", flush=True)
+
+
 CURVES = ("train_loss", "val_loss")  # the columns plotted from metrics.csv; both recipe styles name them so
 _NO_METRIC = {"metric", "result"}  # the metric column of summary.csv when the engine found no metric
 _FAILED_Y = 0.03  # failed jobs sit at the bottom of a metric panel (axes coordinates)
@@ -169,8 +181,9 @@ def _read_curves(path: Path) -> Dict[str, Curve]:
             if value is not None:
                 curves.setdefault(column, []).append((index if step is None else step, value))
     ordered = {column: sorted(points) for column, points in curves.items()}  # a resumed run appends again
-    return {column: ([step for step, _ in points], [value for _, value in points])
-            for column, points in ordered.items()}
+    return {
+        column: ([step for step, _ in points], [value for _, value in points]) for column, points in ordered.items()
+    }
 
 
 def _summary_csv_metric(sweep_dir: Path) -> Optional[str]:
@@ -218,9 +231,16 @@ def _load(sweep_dir: Path) -> Tuple[List[_Job], str]:
             continue
         num = record.get("job")
         num = num if isinstance(num, int) and not isinstance(num, bool) else int(job_dir.name)
-        jobs.append(_Job(num=num, status=str(record.get("status") or "UNKNOWN"),
-                         params=_params(record.get("overrides")), value=record.get("return_value"),
-                         curves=_read_curves(JobDir(job_dir).training_metrics), dir=job_dir.name))
+        jobs.append(
+            _Job(
+                num=num,
+                status=str(record.get("status") or "UNKNOWN"),
+                params=_params(record.get("overrides")),
+                value=record.get("return_value"),
+                curves=_read_curves(JobDir(job_dir).training_metrics),
+                dir=job_dir.name,
+            )
+        )
         records.append(record)
     name = _metric_name(sweep_dir, jobs, records)
     for job in jobs:
@@ -263,10 +283,27 @@ def _why_no_metric(job: _Job) -> str:
 def _mark_failed(ax: "Axes", x: float, job: _Job) -> None:
     """A job without a metric: a red x at the bottom of the panel, with its status, not a missing point."""
     transform = ax.get_xaxis_transform()  # x in data, y in axes: at the bottom whatever the metric's range
-    ax.plot([x], [_FAILED_Y], linestyle="none", marker="x", markersize=9, color="tab:red",
-            transform=transform, clip_on=False, label=job.label)
-    ax.annotate(_why_no_metric(job), (x, _FAILED_Y), xycoords=transform, xytext=(0, 7),
-                textcoords="offset points", ha="center", fontsize=7, color="tab:red")
+    ax.plot(
+        [x],
+        [_FAILED_Y],
+        linestyle="none",
+        marker="x",
+        markersize=9,
+        color="tab:red",
+        transform=transform,
+        clip_on=False,
+        label=job.label,
+    )
+    ax.annotate(
+        _why_no_metric(job),
+        (x, _FAILED_Y),
+        xycoords=transform,
+        xytext=(0, 7),
+        textcoords="offset points",
+        ha="center",
+        fontsize=7,
+        color="tab:red",
+    )
 
 
 def _groups(jobs: Sequence[_Job], others: Sequence[str]) -> Dict[str, List[_Job]]:
@@ -294,8 +331,14 @@ def _numeric_panel(ax: "Axes", jobs: Sequence[_Job], param: str, others: Sequenc
         for job, metric in zip(done, metrics):
             ax.plot([x_of(job)], [metric], linestyle="none", marker="o", color=_color(index), label=job.label)
             if len(groups) == 1:  # several series: the values would overlap
-                ax.annotate(f"{job.metric:.4g}", (x_of(job), job.metric), xytext=(0, 6),
-                            textcoords="offset points", ha="center", fontsize=7)
+                ax.annotate(
+                    f"{job.metric:.4g}",
+                    (x_of(job), job.metric),
+                    xytext=(0, 6),
+                    textcoords="offset points",
+                    ha="center",
+                    fontsize=7,
+                )
         for job in members:
             if job.metric is None:
                 _mark_failed(ax, x_of(job), job)
@@ -311,8 +354,7 @@ def _numeric_panel(ax: "Axes", jobs: Sequence[_Job], param: str, others: Sequenc
         _legend(ax, [line for line in ax.get_lines() if line.get_label() in groups])
 
 
-def _bar_panel(ax: "Axes", jobs: Sequence[_Job], categories: Dict[str, List[_Job]],
-               others: Sequence[str]) -> None:
+def _bar_panel(ax: "Axes", jobs: Sequence[_Job], categories: Dict[str, List[_Job]], others: Sequence[str]) -> None:
     """One bar per job, side by side within its category, coloured by its series (the other swept values)."""
     groups = _groups(jobs, others)
     color = {id(job): _color(index) for index, members in enumerate(groups.values()) for job in members}
@@ -334,8 +376,7 @@ def _bar_panel(ax: "Axes", jobs: Sequence[_Job], categories: Dict[str, List[_Job
         _legend(ax, [Patch(color=_color(index), label=name) for index, name in enumerate(groups)])
 
 
-def _metric_panel(ax: "Axes", jobs: Sequence[_Job], param: Optional[str], swept: Sequence[str],
-                  metric: str) -> None:
+def _metric_panel(ax: "Axes", jobs: Sequence[_Job], param: Optional[str], swept: Sequence[str], metric: str) -> None:
     others = [key for key in swept if key != param]
     if param is None:  # nothing swept: the job's value (or each job's, if several share their overrides)
         _bar_panel(ax, jobs, {job.label: [job] for job in jobs}, others)
@@ -368,8 +409,14 @@ def _curves_panel(ax: "Axes", jobs: Sequence[_Job]) -> None:
         if train:
             ax.plot(*train, "-", color=color, linewidth=1.2, label=job.label)
         if val:  # the legend names the job once; a val-only job is named by its markers
-            ax.plot(*val, linestyle="none", marker="o", markersize=5, color=color,
-                    label=f"_{job.label} val_loss" if train else job.label)
+            ax.plot(
+                *val,
+                linestyle="none",
+                marker="o",
+                markersize=5,
+                color=color,
+                label=f"_{job.label} val_loss" if train else job.label,
+            )
     ax.set_title("training curves: train_loss (line), val_loss (o)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
@@ -380,8 +427,15 @@ def _curves_panel(ax: "Axes", jobs: Sequence[_Job]) -> None:
 def _legend(ax: "Axes", handles: List[Any]) -> None:
     """Below the panel's x label, where it hides no data; the constrained layout makes room for it."""
     if handles:  # borderaxespad is in font sizes: 5 x 7 pt clears the tick labels and the x label
-        ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0), borderaxespad=5,
-                  ncols=2 if len(handles) > 6 else 1, frameon=False)
+        ax.legend(
+            handles=handles,
+            fontsize=7,
+            loc="upper center",
+            bbox_to_anchor=(0.5, 0),
+            borderaxespad=5,
+            ncols=2 if len(handles) > 6 else 1,
+            frameon=False,
+        )
 
 
 def _color(index: int) -> str:
@@ -450,11 +504,23 @@ def _draw(sweep_dir: Path) -> Optional[Tuple["Figure", List[_Job], str]]:
 def plot_metadata(title: str, jobs: Sequence[_Job], metric: str) -> Dict[str, str]:
     """The PNG's text chunks: what it plots, read from the file alone (a plot drawn before the last job ended
     lists fewer jobs). ASCII JSON: a tEXt chunk is Latin-1, and overrides may be any text."""
-    plotted = [{"job": job.num, "dir": job.dir, "label": job.label, "status": job.status,
-                "metric": job.metric, "curves": sorted(job.curves)} for job in jobs]
+    plotted = [
+        {
+            "job": job.num,
+            "dir": job.dir,
+            "label": job.label,
+            "status": job.status,
+            "metric": job.metric,
+            "curves": sorted(job.curves),
+        }
+        for job in jobs
+    ]
     described = "; ".join(f"{job.dir}: {job.label}" for job in jobs)
-    return {"Title": title, "Description": f"{metric} of {len(jobs)} jobs: {described}",
-            PLOTTED_KEY: json.dumps({"metric": metric, "jobs": plotted})}
+    return {
+        "Title": title,
+        "Description": f"{metric} of {len(jobs)} jobs: {described}",
+        PLOTTED_KEY: json.dumps({"metric": metric, "jobs": plotted}),
+    }
 
 
 def write_sweep_plot(sweep_dir: Path) -> Optional[Path]:

@@ -98,9 +98,13 @@ class ProgressView:
 
     @classmethod
     def for_plans(cls, console: Any, plans: List[Any]) -> "ProgressView":
-        view = cls(console=console, jobs={p.num: _Job(num=p.num, name=p.name, total=p.max_steps,
-                                                     metrics=JobDir(Path(p.job_dir)).training_metrics)
-                                  for p in plans})
+        view = cls(
+            console=console,
+            jobs={
+                p.num: _Job(num=p.num, name=p.name, total=p.max_steps, metrics=JobDir(Path(p.job_dir)).training_metrics)
+                for p in plans
+            },
+        )
         if console.is_terminal:
             view._live = console.live(view._table())
         return view
@@ -123,8 +127,7 @@ class ProgressView:
     def _counts(self) -> Dict[str, int]:
         counts = {"pending": 0, "running": 0, "done": 0}
         for job in self.jobs.values():
-            key = "pending" if job.state == "PENDING" else "running" if job.state in ("RUNNING", "STOPPING") \
-                else "done"
+            key = "pending" if job.state == "PENDING" else "running" if job.state in ("RUNNING", "STOPPING") else "done"
             counts[key] += 1
         return counts
 
@@ -132,7 +135,8 @@ class ProgressView:
         running = [job.describe() for job in self.jobs.values() if job.state in ("RUNNING", "STOPPING")]
         counts = self._counts()
         text = f"[mmt] {counts['pending']} pending, {counts['running']} running, {counts['done']} done" + (
-            " | " + "; ".join(running) if running else "")
+            " | " + "; ".join(running) if running else ""
+        )
         if text != self._last_plain_text and now - self._last_plain >= PLAIN_EVERY_S:
             self._last_plain, self._last_plain_text = now, text
             self.console.write(text + "\n")
@@ -141,17 +145,27 @@ class ProgressView:
         from rich.table import Table
 
         counts = self._counts()
-        table = Table(box=None, show_header=True, header_style="bold", pad_edge=False,
-                      title=f"mmt: {counts['pending']} pending, {counts['running']} running, {counts['done']} done",
-                      title_justify="left")
+        table = Table(
+            box=None,
+            show_header=True,
+            header_style="bold",
+            pad_edge=False,
+            title=f"mmt: {counts['pending']} pending, {counts['running']} running, {counts['done']} done",
+            title_justify="left",
+        )
         for column in ("job", "state", "step", "loss", "eta"):
             table.add_column(column)
         for job in self.jobs.values():
             if job.state not in ("RUNNING", "STOPPING"):
                 continue
             step = "-" if job.step is None else f"{job.step}" + (f"/{job.total}" if job.total else "")
-            table.add_row(f"#{job.num} {job.name}", job.state, step, "-" if job.loss is None else f"{job.loss:.4g}",
-                          "-" if job.eta_s is None else f"{job.eta_s:.0f} s")
+            table.add_row(
+                f"#{job.num} {job.name}",
+                job.state,
+                step,
+                "-" if job.loss is None else f"{job.loss:.4g}",
+                "-" if job.eta_s is None else f"{job.eta_s:.0f} s",
+            )
         return table
 
     def close(self) -> None:

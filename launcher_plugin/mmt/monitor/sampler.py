@@ -61,9 +61,13 @@ class GpuReader:
             nvml = self.nvml
             name = nvml.nvmlDeviceGetName(handle)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            record = {"index": index, "name": name.decode() if isinstance(name, bytes) else name,
-                      "util_percent": float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
-                      "mem_used_bytes": int(memory.used), "mem_total_bytes": int(memory.total)}
+            record = {
+                "index": index,
+                "name": name.decode() if isinstance(name, bytes) else name,
+                "util_percent": float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                "mem_used_bytes": int(memory.used),
+                "mem_total_bytes": int(memory.total),
+            }
             try:
                 record["power_w"] = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
             except nvml.NVMLError:
@@ -77,8 +81,14 @@ class GpuReader:
 
 
 class NodeSampler:
-    def __init__(self, path: Path, node_rank: int, interval_s: float, visible_gpus: Optional[str] = None,
-                 max_bytes: int = MAX_BYTES) -> None:
+    def __init__(
+        self,
+        path: Path,
+        node_rank: int,
+        interval_s: float,
+        visible_gpus: Optional[str] = None,
+        max_bytes: int = MAX_BYTES,
+    ) -> None:
         self.path, self.node_rank, self.interval_s, self.max_bytes = path, node_rank, interval_s, max_bytes
         self.host = socket.gethostname()
         self.gpus = GpuReader(visible_gpus)
@@ -107,7 +117,7 @@ class NodeSampler:
                 except psutil.Error:
                     continue
         cpu, rss = 0.0, 0
-        for pid, process in alive.items():
+        for process in alive.values():
             try:
                 with process.oneshot():
                     cpu += process.cpu_percent(None)  # since this object's previous call (0.0 the first time)
@@ -123,11 +133,16 @@ class NodeSampler:
         self._next = now + self.interval_s
         counters = self._counters()
         memory = psutil.virtual_memory()
-        record: Dict[str, Any] = {"t": round(counters["t"], 3), "node": self.node_rank, "host": self.host,
-                                  "cpu_percent": _cpu_percent(self._last, counters),
-                                  "mem_used_bytes": int(memory.total - memory.available),
-                                  "mem_total_bytes": int(memory.total), **self._job(roots),
-                                  **_rates(self._last, counters)}
+        record: Dict[str, Any] = {
+            "t": round(counters["t"], 3),
+            "node": self.node_rank,
+            "host": self.host,
+            "cpu_percent": _cpu_percent(self._last, counters),
+            "mem_used_bytes": int(memory.total - memory.available),
+            "mem_total_bytes": int(memory.total),
+            **self._job(roots),
+            **_rates(self._last, counters),
+        }
         gpus = self.gpus.read()
         if gpus:
             record["gpus"] = gpus

@@ -89,8 +89,11 @@ def _spawning(key: str, value: Any) -> Optional[Tuple[str, Any, str]]:
         except Exception:
             method = None
         if isinstance(method, str) and method.lower() in _SPAWNING_METHODS:
-            return f"{key}.start_method", method, (f"{target or 'the strategy'} with start_method={method!r} starts "
-                                                   "its own processes")
+            return (
+                f"{key}.start_method",
+                method,
+                (f"{target or 'the strategy'} with start_method={method!r} starts its own processes"),
+            )
         if "spawn" in target.rsplit(".", 1)[-1].lower():
             return f"{key}._target_", target, f"{target} starts its own processes"
     return None
@@ -105,6 +108,10 @@ def check_strategies(config: Any) -> None:
         if found is None:
             continue
         where, what, how = found
-        raise ConfigError(where, what, f"{how} inside each process mmt starts, where they fight over the job's "
-                          "rendezvous port and fail after tens of seconds",
-                          f"{key}=ddp (mmt starts the processes; the Trainer or Fabric joins them)")
+        raise ConfigError(
+            where,
+            what,
+            f"{how} inside each process mmt starts, where they fight over the job's "
+            "rendezvous port and fail after tens of seconds",
+            f"{key}=ddp (mmt starts the processes; the Trainer or Fabric joins them)",
+        )

@@ -66,14 +66,19 @@ def _env_lines(plan: JobPlan) -> List[str]:
     """The contract every process gets: shared values once, then each process's own values."""
     # where the nodes are and which ports their frameworks get are known only at start: placeholders
     addrs = tuple(f"<node{n}>" for n in range(plan.num_nodes))
-    rendezvous = Rendezvous(master_addr="$MASTER_ADDR", master_port=0, node_addrs=addrs,
-                            framework_ports=tuple(f"<port{i}>" for i in range(plan.framework_port_count)))
+    rendezvous = Rendezvous(
+        master_addr="$MASTER_ADDR",
+        master_port=0,
+        node_addrs=addrs,
+        framework_ports=tuple(f"<port{i}>" for i in range(plan.framework_port_count)),
+    )
     copied = {name: MASK for name in plan.env_from}
     shown = _shown_indices(plan.process_count)
 
     def env_of(index: int) -> Dict[str, str]:
-        env = process_env(plan, plan.place(index), rendezvous=rendezvous, inherited={}, copied=copied,
-                          cores_per_node=0, python=None)
+        env = process_env(
+            plan, plan.place(index), rendezvous=rendezvous, inherited={}, copied=copied, cores_per_node=0, python=None
+        )
         for name in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", *plan.secret_names):
             env.pop(name, None)
         return {name: _shortened(name, value) for name, value in env.items()}
@@ -85,12 +90,15 @@ def _env_lines(plan: JobPlan) -> List[str]:
     shared["MASTER_PORT"] = PORT_PLACEHOLDER
     lines = ["  env (all)  " + " ".join(f"{k}={v}" for k, v in sorted(shared.items()))]
     if plan.framework_port_count:
-        lines.append(f"  framework  {plan.framework}: <nodeN> is node N's address, <portI> the port held for "
-                     f"{'worker I' if plan.framework == 'tensorflow' else 'the coordinator'} "
-                     "(set at start: free ports here, derived from the job id on SLURM)")
+        lines.append(
+            f"  framework  {plan.framework}: <nodeN> is node N's address, <portI> the port held for "
+            f"{'worker I' if plan.framework == 'tensorflow' else 'the coordinator'} "
+            "(set at start: free ports here, derived from the job id on SLURM)"
+        )
     if plan.secret_names:
-        lines.append("  env (user) " + " ".join(f"{k}={MASK}" for k in sorted(plan.secret_names))
-                     + "   (values are never shown)")
+        lines.append(
+            "  env (user) " + " ".join(f"{k}={MASK}" for k in sorted(plan.secret_names)) + "   (values are never shown)"
+        )
     who = "node" if plan.per_node else "rank"
     for position, index in enumerate(shown):
         if position and shown[position - 1] != index - 1:
@@ -110,10 +118,12 @@ def render(plan: JobPlan, backend_lines: List[str]) -> str:
     if plan.command is None:
         runs = "the task function on every rank"
     else:
-        runs = f"{plan.command!r} " + ("once per node (it starts the node's ranks)" if plan.per_node
-                                       else "once per rank")
+        runs = f"{plan.command!r} " + (
+            "once per node (it starts the node's ranks)" if plan.per_node else "once per rank"
+        )
     lines = [
-        f"{plan.label} ({plan.name}): {' '.join(masked_overrides(plan.overrides, plan.secret_names)) or '(no overrides)'}",
+        f"{plan.label} ({plan.name}): "
+        f"{' '.join(masked_overrides(plan.overrides, plan.secret_names)) or '(no overrides)'}",
         f"  topology   {plan.num_nodes:,} nodes x {plan.devices:,} devices = {plan.world_size:,} ranks",
         f"  machine    {_machine_line(plan)}",
         f"  image      {plan.image or '(none: this environment)'}",

@@ -13,10 +13,8 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple, Union
 
-from mmt.core.rank_env import (OMP_NUM_THREADS, RankPlace, contract_env, framework_threads, scrubbed,
-                               threads_per_rank)
+from mmt.core.rank_env import OMP_NUM_THREADS, RankPlace, contract_env, framework_threads, scrubbed, threads_per_rank
 from mmt.planning.plan import JobPlan
-
 
 # Warnings that are wrong in a process mmt started (see mmt.worker.guards): Lightning's advice to use srun (mmt
 # started the ranks, or ran them through srun), and its CSV logger's "not empty" about the job dir (mmt made it).
@@ -71,9 +69,17 @@ class PythonEnvironment:
             env.pop("VIRTUAL_ENV", None)
 
 
-def process_env(plan: JobPlan, place: RankPlace, *, rendezvous: Rendezvous, inherited: Mapping[str, str],
-                copied: Mapping[str, str], cores_per_node: int, python: Optional[PythonEnvironment],
-                keep: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+def process_env(
+    plan: JobPlan,
+    place: RankPlace,
+    *,
+    rendezvous: Rendezvous,
+    inherited: Mapping[str, str],
+    copied: Mapping[str, str],
+    cores_per_node: int,
+    python: Optional[PythonEnvironment],
+    keep: Optional[Mapping[str, str]] = None,
+) -> Dict[str, str]:
     """The full environment of process ``place`` of ``plan``.
 
     ``inherited``: the environment the process starts from (the launcher's, or the SLURM task's); ``copied``: the
@@ -89,10 +95,18 @@ def process_env(plan: JobPlan, place: RankPlace, *, rendezvous: Rendezvous, inhe
     if OMP_NUM_THREADS not in env:
         env[OMP_NUM_THREADS] = threads_per_rank(cores_per_node, plan.devices)
     env.update(framework_threads(plan.framework, env[OMP_NUM_THREADS], env))
-    contract = contract_env(place, per_node=plan.per_node, master_addr=rendezvous.master_addr,
-                            master_port=rendezvous.master_port, job_dir=plan.job_dir, job_id=plan.job_id,
-                            extra=plan.extra_env(), node_addrs=rendezvous.node_addrs, framework=plan.framework,
-                            framework_ports=rendezvous.framework_ports)
+    contract = contract_env(
+        place,
+        per_node=plan.per_node,
+        master_addr=rendezvous.master_addr,
+        master_port=rendezvous.master_port,
+        job_dir=plan.job_dir,
+        job_id=plan.job_id,
+        extra=plan.extra_env(),
+        node_addrs=rendezvous.node_addrs,
+        framework=plan.framework,
+        framework_ports=rendezvous.framework_ports,
+    )
     env.update({k: v for k, v in (keep or {}).items() if k not in contract})
     env.update(contract)
     if plan.command is not None:  # a command's interpreters are not the worker's: they get the filters this way

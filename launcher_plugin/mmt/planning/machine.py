@@ -59,18 +59,30 @@ def machine_from_config(value: Any) -> Machine:
         return UNSPECIFIED_MACHINE
     raw = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
     if not isinstance(raw, dict):
-        raise ConfigError("machine", raw, "expected a machine catalogue entry (conf/machine/<name>.yaml)",
-                          "pick one with machine=<name>; `python train.py --info defaults` lists the groups")
+        raise ConfigError(
+            "machine",
+            raw,
+            "expected a machine catalogue entry (conf/machine/<name>.yaml)",
+            "pick one with machine=<name>; `python train.py --info defaults` lists the groups",
+        )
     missing = [k for k in _REQUIRED if raw.get(k) is None]
     if missing:
-        raise ConfigError("machine", raw.get("name", raw), f"the catalogue entry lacks {', '.join(missing)}",
-                          "every conf/machine/*.yaml needs name, accelerator, gpus and cpus")
+        raise ConfigError(
+            "machine",
+            raw.get("name", raw),
+            f"the catalogue entry lacks {', '.join(missing)}",
+            "every conf/machine/*.yaml needs name, accelerator, gpus and cpus",
+        )
     name = str(raw["name"])
     accelerator = check.choice(f"machine[{name}].accelerator", raw["accelerator"], ("cpu", "gpu"))
     gpus = check.whole_number(f"machine[{name}].gpus", raw["gpus"], 0, "GPUs per node, 0 on CPU machines")
     if (accelerator == "gpu") != (gpus > 0):
-        raise ConfigError(f"machine[{name}].gpus", gpus, f"a {accelerator} machine has "
-                          f"{'at least one GPU' if accelerator == 'gpu' else 'no GPUs'}", "fix the catalogue entry")
+        raise ConfigError(
+            f"machine[{name}].gpus",
+            gpus,
+            f"a {accelerator} machine has {'at least one GPU' if accelerator == 'gpu' else 'no GPUs'}",
+            "fix the catalogue entry",
+        )
     price = raw.get("price_per_hour")
     if price is not None:
         price = check.positive_number(f"machine[{name}].price_per_hour", price, "USD per node-hour, or null")

@@ -9,11 +9,10 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from omegaconf import DictConfig, OmegaConf
 
 from mmt.core.errors import ConfigError
+from mmt.core.rank_env import FRAMEWORK_NONE, FRAMEWORKS, TENSORFLOW, RankPlace, framework_port_count, topology_hints
 from mmt.planning import validate as check
 from mmt.planning.batch import BatchPlan, plan_batch
 from mmt.planning.machine import Machine, machine_from_config
-from mmt.core.rank_env import (FRAMEWORK_NONE, FRAMEWORKS, TENSORFLOW, RankPlace, framework_port_count,
-                               topology_hints)
 
 
 @dataclass(frozen=True)
@@ -141,7 +140,9 @@ def _devices(value: Any, machine: Machine) -> int:
     devices = check.whole_number("devices", value, 1, "processes per node, e.g. devices=2")
     if machine.gpus and devices > machine.gpus:
         raise ConfigError(
-            "devices", devices, f"machine {machine.name!r} has {machine.gpus} GPUs per node",
+            "devices",
+            devices,
+            f"machine {machine.name!r} has {machine.gpus} GPUs per node",
             f"use devices<={machine.gpus} and more nodes (num_nodes=...), or a larger machine",
         )
     return devices
@@ -149,19 +150,40 @@ def _devices(value: Any, machine: Machine) -> int:
 
 def _within(limits: Limits, num_nodes: int, devices: int) -> None:
     if num_nodes > limits.max_nodes:
-        raise ConfigError("num_nodes", num_nodes, f"at most {limits.max_nodes:,} nodes per job ({limits.why})",
-                          "use fewer nodes, or another cluster")
+        raise ConfigError(
+            "num_nodes",
+            num_nodes,
+            f"at most {limits.max_nodes:,} nodes per job ({limits.why})",
+            "use fewer nodes, or another cluster",
+        )
     if devices > limits.max_devices:
-        raise ConfigError("devices", devices, f"at most {limits.max_devices:,} processes per node ({limits.why})",
-                          "use fewer devices per node")
+        raise ConfigError(
+            "devices",
+            devices,
+            f"at most {limits.max_devices:,} processes per node ({limits.why})",
+            "use fewer devices per node",
+        )
     if num_nodes * devices > limits.max_world:
-        raise ConfigError("num_nodes", num_nodes, f"{num_nodes:,} nodes x {devices:,} devices is more than the "
-                          f"{limits.max_world:,} processes per job this backend runs ({limits.why})",
-                          "use fewer nodes or devices, or cluster=slurm")
+        raise ConfigError(
+            "num_nodes",
+            num_nodes,
+            f"{num_nodes:,} nodes x {devices:,} devices is more than the "
+            f"{limits.max_world:,} processes per job this backend runs ({limits.why})",
+            "use fewer nodes or devices, or cluster=slurm",
+        )
 
 
-def plan_job(launcher_cfg: DictConfig, *, num: int, name: str, job_id: str, overrides: List[str], job_dir: str,
-             limits: Limits, launcher_env: Mapping[str, str]) -> JobPlan:
+def plan_job(
+    launcher_cfg: DictConfig,
+    *,
+    num: int,
+    name: str,
+    job_id: str,
+    overrides: List[str],
+    job_dir: str,
+    limits: Limits,
+    launcher_env: Mapping[str, str],
+) -> JobPlan:
     """Validate one job's values (``hydra.launcher`` of its composed config) into a ``JobPlan``.
 
     ``launcher_env``: the launcher's own environment, where ``env_from`` names are looked up.
@@ -170,8 +192,12 @@ def plan_job(launcher_cfg: DictConfig, *, num: int, name: str, job_id: str, over
     machine = machine_from_config(launcher_cfg.machine)
     command = launcher_cfg.command
     if command is not None and (not isinstance(command, str) or not command.strip()):
-        raise ConfigError("command", command, "expected a non-empty shell command, or null to run the recipe",
-                          "e.g. command='python my_script.py --epochs 2'")
+        raise ConfigError(
+            "command",
+            command,
+            "expected a non-empty shell command, or null to run the recipe",
+            "e.g. command='python my_script.py --epochs 2'",
+        )
     num_nodes = check.whole_number("num_nodes", launcher_cfg.num_nodes, 1, "nodes per job, e.g. num_nodes=2")
     devices = _devices(launcher_cfg.devices, machine)
     _within(limits, num_nodes, devices)  # before anything is planned per rank
@@ -179,18 +205,31 @@ def plan_job(launcher_cfg: DictConfig, *, num: int, name: str, job_id: str, over
     max_steps = OmegaConf.select(launcher_cfg, "max_steps", default=None)
     interval = OmegaConf.select(launcher_cfg, "metrics_interval_s", default=0.0) or 0.0
     if interval:
-        interval = check.positive_number("hydra.launcher.metrics_interval_s", interval,
-                                         "seconds between samples, >= 0.1, or 0 for none", maximum=3600)
+        interval = check.positive_number(
+            "hydra.launcher.metrics_interval_s",
+            interval,
+            "seconds between samples, >= 0.1, or 0 for none",
+            maximum=3600,
+        )
         if interval < 0.1:
-            raise ConfigError("hydra.launcher.metrics_interval_s", interval, "expected 0 (off) or at least 0.1 s",
-                              "e.g. hydra.launcher.metrics_interval_s=1")
-    framework = check.choice("hydra.launcher.framework",
-                             OmegaConf.select(launcher_cfg, "framework", default=FRAMEWORK_NONE), FRAMEWORKS)
+            raise ConfigError(
+                "hydra.launcher.metrics_interval_s",
+                interval,
+                "expected 0 (off) or at least 0.1 s",
+                "e.g. hydra.launcher.metrics_interval_s=1",
+            )
+    framework = check.choice(
+        "hydra.launcher.framework", OmegaConf.select(launcher_cfg, "framework", default=FRAMEWORK_NONE), FRAMEWORKS
+    )
     command_mode = check.choice("command_mode", launcher_cfg.command_mode, check.COMMAND_MODES)
     if framework == TENSORFLOW and command is not None and command_mode == "per_node" and devices > 1:
-        raise ConfigError("hydra.launcher.framework", framework, f"a TensorFlow worker is one process, and "
-                          f"command_mode=per_node starts one command per node for {devices} devices",
-                          "add command_mode=per_rank (one worker per rank), or use devices=1")
+        raise ConfigError(
+            "hydra.launcher.framework",
+            framework,
+            f"a TensorFlow worker is one process, and "
+            f"command_mode=per_node starts one command per node for {devices} devices",
+            "add command_mode=per_rank (one worker per rank), or use devices=1",
+        )
     return JobPlan(
         num=num,
         name=name,
@@ -200,25 +239,36 @@ def plan_job(launcher_cfg: DictConfig, *, num: int, name: str, job_id: str, over
         num_nodes=num_nodes,
         devices=devices,
         machine=machine,
-        image=check.optional_text("image", launcher_cfg.image, "a container image name",
-                                  "e.g. image=nvcr.io/nvidia/pytorch:24.05-py3"),
+        image=check.optional_text(
+            "image", launcher_cfg.image, "a container image name", "e.g. image=nvcr.io/nvidia/pytorch:24.05-py3"
+        ),
         command=command,
         command_mode=command_mode,
         env=check.env_vars("env", launcher_cfg.env),
-        env_from=tuple(check.env_names("hydra.launcher.env_from", OmegaConf.select(launcher_cfg, "env_from"),
-                                       launcher_env)),
-        timeout_s=60.0 * check.positive_number("hydra.launcher.timeout_min", launcher_cfg.timeout_min,
-                                               "minutes per job, e.g. hydra.launcher.timeout_min=30",
-                                               maximum=check.MAX_TIMEOUT_MIN),
+        env_from=tuple(
+            check.env_names("hydra.launcher.env_from", OmegaConf.select(launcher_cfg, "env_from"), launcher_env)
+        ),
+        timeout_s=60.0
+        * check.positive_number(
+            "hydra.launcher.timeout_min",
+            launcher_cfg.timeout_min,
+            "minutes per job, e.g. hydra.launcher.timeout_min=30",
+            maximum=check.MAX_TIMEOUT_MIN,
+        ),
         dry_run=bool(launcher_cfg.dry_run),
         summary_metric=launcher_cfg.summary_metric,
         # a command starts its own interpreters: preloading the recipe's modules would only delay it
-        preload=tuple(map(str, OmegaConf.to_container(preload) or ())) if preload is not None and command is None
+        preload=tuple(map(str, OmegaConf.to_container(preload) or ()))
+        if preload is not None and command is None
         else (),
         # the batch section belongs to the recipe; a command replaces the recipe
-        batch=None if command is not None else plan_batch(OmegaConf.select(launcher_cfg, "batch", default=None),
-                                                          machine=machine, num_nodes=num_nodes, devices=devices),
-        max_steps=max_steps if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0
+        batch=None
+        if command is not None
+        else plan_batch(
+            OmegaConf.select(launcher_cfg, "batch", default=None), machine=machine, num_nodes=num_nodes, devices=devices
+        ),
+        max_steps=max_steps
+        if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0
         else None,
         metrics_interval_s=float(interval),
         framework=framework,

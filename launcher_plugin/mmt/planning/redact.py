@@ -81,8 +81,7 @@ def masked_config(config: Any, names: Iterable[str]) -> Any:
 
     def walk(node: Any, key: Any = None) -> Any:
         if isinstance(node, dict):
-            return {k: (MASK if key == "env" and k in names and v is not None else walk(v, k))
-                    for k, v in node.items()}
+            return {k: (MASK if key == "env" and k in names and v is not None else walk(v, k)) for k, v in node.items()}
         if isinstance(node, list):
             return [walk(item) for item in node]
         if isinstance(node, str):

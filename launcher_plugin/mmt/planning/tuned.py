@@ -35,8 +35,9 @@ def normalize_precision(value: Any) -> str:
     return _PRECISION_ALIASES.get(text, text)
 
 
-def device_memory_gb(*, gpus: Optional[int], gpu_memory_gb: Optional[float], memory_gb: Optional[float],
-                     devices: int) -> Optional[float]:
+def device_memory_gb(
+    *, gpus: Optional[int], gpu_memory_gb: Optional[float], memory_gb: Optional[float], devices: int
+) -> Optional[float]:
     """Memory one device may use, the key's last part: the GPU's memory, or on CPU machines the node's memory
     shared by its processes; None when the machine does not state it. The tuner keys what it writes with this and
     the launcher looks entries up with it, so the two always agree."""
@@ -53,7 +54,7 @@ def table_path(location: str) -> Path:
     """``pkg://dotted.package/file.yaml`` (a file inside an importable package) or a filesystem path."""
     if not location.startswith(PKG_PREFIX):
         return Path(os.path.expanduser(location)).resolve()
-    package, _, relative = location[len(PKG_PREFIX):].partition("/")
+    package, _, relative = location[len(PKG_PREFIX) :].partition("/")
     if not package or not relative:
         raise TableLocationError(f"{location!r} is not pkg://<package>/<file>")
     try:
@@ -90,15 +91,22 @@ def read_table(path: Path) -> List[TunedEntry]:
     data = yaml.safe_load(path.read_text()) or {}
     entries = []
     for raw in data.get("entries") or []:
-        entries.append(TunedEntry(recipe=str(raw["recipe"]), machine=str(raw["machine"]),
-                                  precision=normalize_precision(raw["precision"]),
-                                  memory_per_device_gb=float(raw["memory_per_device_gb"]),
-                                  micro_batch=int(raw["micro_batch"]), raw=dict(raw)))
+        entries.append(
+            TunedEntry(
+                recipe=str(raw["recipe"]),
+                machine=str(raw["machine"]),
+                precision=normalize_precision(raw["precision"]),
+                memory_per_device_gb=float(raw["memory_per_device_gb"]),
+                micro_batch=int(raw["micro_batch"]),
+                raw=dict(raw),
+            )
+        )
     return entries
 
 
-def lookup(entries: List[TunedEntry], recipe: str, machine: str, precision: str,
-           memory_per_device_gb: Optional[float]) -> Optional[TunedEntry]:
+def lookup(
+    entries: List[TunedEntry], recipe: str, machine: str, precision: str, memory_per_device_gb: Optional[float]
+) -> Optional[TunedEntry]:
     """The entry for this key tuned under the largest budget that does not exceed the job's memory per device.
 
     An entry tuned with more memory than the job has per device would overcommit it, so it never applies.
@@ -114,11 +122,15 @@ def write_entry(path: Path, entry: Dict[str, Any]) -> None:
     """Add ``entry`` to the table at ``path``, replacing the one with the same key; atomic."""
     key = ("recipe", "machine", "precision", "memory_per_device_gb")
     data = yaml.safe_load(path.read_text()) if path.exists() else None
-    entries = [e for e in ((data or {}).get("entries") or []) if tuple(e.get(k) for k in key) !=
-               tuple(entry.get(k) for k in key)]
+    entries = [
+        e
+        for e in ((data or {}).get("entries") or [])
+        if tuple(e.get(k) for k in key) != tuple(entry.get(k) for k in key)
+    ]
     entries.append(entry)
-    entries.sort(key=lambda e: (str(e["recipe"]), str(e["machine"]), str(e["precision"]),
-                                float(e["memory_per_device_gb"])))
+    entries.sort(
+        key=lambda e: (str(e["recipe"]), str(e["machine"]), str(e["precision"]), float(e["memory_per_device_gb"]))
+    )
     text = _HEADER + yaml.safe_dump({"entries": entries}, sort_keys=False, default_flow_style=None, width=110)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

@@ -11,12 +11,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mmt.core.errors import ConfigError
-from mmt.planning.redact import MASKED
 from mmt.core.rank_env import FRAMEWORK_RESERVED, RESERVED, SCRUBBED_PREFIXES
+from mmt.planning.redact import MASKED
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
-                       r"[A-Za-z0-9])?)*$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
+    r"[A-Za-z0-9])?)*$"
+)
 COMMAND_MODES = ("per_node", "per_rank")
 # what a user may not set through `env`: variables that make a framework detect another launcher or cluster. (The
 # launcher also removes inherited LT_*/PL_TRAINER_*; set explicitly, those are Trainer/Fabric defaults and pass,
@@ -94,27 +96,51 @@ def host_address(key: str, value: Any) -> str:
 
 def _check_env_name(key: str, name: Any, item: Any) -> None:
     if not isinstance(name, str) or not _ENV_NAME.match(name):
-        raise ConfigError(f"{key}.{name}", item, "environment variable names are letters, digits and _, not starting "
-                          "with a digit", f"rename it, e.g. {key}.{_suggest_name(str(name))}=...")
+        raise ConfigError(
+            f"{key}.{name}",
+            item,
+            "environment variable names are letters, digits and _, not starting with a digit",
+            f"rename it, e.g. {key}.{_suggest_name(str(name))}=...",
+        )
     if name in FRAMEWORK_RESERVED:
-        raise ConfigError(f"{key}.{name}", item, f"{name} is written by mmt for every process, each its own",
-                          "drop it; set hydra.launcher.framework=tensorflow (TF_CONFIG) or jax (JAX_*) instead")
+        raise ConfigError(
+            f"{key}.{name}",
+            item,
+            f"{name} is written by mmt for every process, each its own",
+            "drop it; set hydra.launcher.framework=tensorflow (TF_CONFIG) or jax (JAX_*) instead",
+        )
     if name in RESERVED:
-        raise ConfigError(f"{key}.{name}", item, f"{name} belongs to the rank contract the launcher sets "
-                          f"({', '.join(sorted(RESERVED))})", "drop it; use num_nodes/devices to change the topology")
+        raise ConfigError(
+            f"{key}.{name}",
+            item,
+            f"{name} belongs to the rank contract the launcher sets ({', '.join(sorted(RESERVED))})",
+            "drop it; use num_nodes/devices to change the topology",
+        )
     if name in _SPAWNING:
-        raise ConfigError(f"{key}.{name}", item, "mmt starts every rank itself; a strategy set here could spawn "
-                          "them a second time (ddp_spawn, ddp_fork) or disagree with the plan",
-                          "set the strategy in the script or config (strategy=ddp), not through env")
+        raise ConfigError(
+            f"{key}.{name}",
+            item,
+            "mmt starts every rank itself; a strategy set here could spawn "
+            "them a second time (ddp_spawn, ddp_fork) or disagree with the plan",
+            "set the strategy in the script or config (strategy=ddp), not through env",
+        )
     prefix = next((p for p in _REFUSED_PREFIXES if name.startswith(p)), None)
     if prefix == "MMT_":
-        raise ConfigError(f"{key}.{name}", item, "MMT_* variables belong to mmt, which sets them for every rank",
-                          "use the hydra.launcher.* setting of that name, or rename your own variable")
+        raise ConfigError(
+            f"{key}.{name}",
+            item,
+            "MMT_* variables belong to mmt, which sets them for every rank",
+            "use the hydra.launcher.* setting of that name, or rename your own variable",
+        )
     if prefix is not None:
-        raise ConfigError(f"{key}.{name}", item, f"{prefix}* variables are removed from every rank's environment: "
-                          "they make Lightning or torch believe they run under another launcher (a stray SLURM_NTASKS "
-                          "selects Lightning's SLURM environment and fails on --ntasks)",
-                          "use num_nodes/devices/hydra.launcher.* for the topology, or rename your own variable")
+        raise ConfigError(
+            f"{key}.{name}",
+            item,
+            f"{prefix}* variables are removed from every rank's environment: "
+            "they make Lightning or torch believe they run under another launcher (a stray SLURM_NTASKS "
+            "selects Lightning's SLURM environment and fails on --ntasks)",
+            "use num_nodes/devices/hydra.launcher.* for the topology, or rename your own variable",
+        )
 
 
 def env_vars(key: str, value: Any) -> Dict[str, str]:
@@ -127,8 +153,12 @@ def env_vars(key: str, value: Any) -> Dict[str, str]:
     for name, item in value.items():
         _check_env_name(key, name, MASKED)
         if item is None or isinstance(item, (dict, list)):
-            raise ConfigError(f"{key}.{name}", MASKED if item is not None else None,
-                              "expected a string, number or boolean", f"e.g. {key}.{name}=1")
+            raise ConfigError(
+                f"{key}.{name}",
+                MASKED if item is not None else None,
+                "expected a string, number or boolean",
+                f"e.g. {key}.{name}=1",
+            )
         result[name] = str(item).lower() if isinstance(item, bool) else str(item)
     return result
 
@@ -146,8 +176,12 @@ def env_names(key: str, value: Any, available: Mapping[str, str]) -> List[str]:
         _check_env_name(key, name, name)
     missing = [name for name in value if name not in available]
     if missing:
-        raise ConfigError(key, missing, "not set in the launcher's environment, so there is nothing to copy",
-                          f"export {missing[0]}=... before launching, or drop it from {key}")
+        raise ConfigError(
+            key,
+            missing,
+            "not set in the launcher's environment, so there is nothing to copy",
+            f"export {missing[0]}=... before launching, or drop it from {key}",
+        )
     return list(dict.fromkeys(value))
 
 

@@ -12,13 +12,13 @@ from typing import Any, List, Optional, Tuple
 
 import cloudpickle
 
-from mmt.core.states import JobState, ProcessState
 from mmt.core.errors import JobFailedError, JobInterruptedError, JobTimeoutError, RankFailedError, RankFailure
 from mmt.core.jobdir import Attempt, JobDir
-from mmt.records.payload import UnsafePayloadError, open_private
-from mmt.records.schema import ErrorRecord, ExitRecord, ResultRecord
+from mmt.core.states import JobState, ProcessState
 from mmt.planning.plan import JobPlan
 from mmt.planning.redact import masked_overrides
+from mmt.records.payload import UnsafePayloadError, open_private
+from mmt.records.schema import ErrorRecord, ExitRecord, ResultRecord
 
 
 @dataclass
@@ -64,9 +64,16 @@ def _failure(plan: JobPlan, index: int, error: Optional[ErrorRecord], code: Opti
     exit_code, signal_name = (error.exit_code, error.signal) if error is not None else (None, None)
     if (error is None or not error.command) and code is not None:  # not a command's own status: the process's
         exit_code, signal_name = (code, None) if code >= 0 else (None, _signal_name(code))
-    return RankFailure(rank=place.rank, node_rank=place.node_rank, exit_code=exit_code, signal=signal_name,
-                       exception=error.exception if error else None, traceback=error.traceback if error else None,
-                       log=_log(plan, index), whole_node=plan.per_node)
+    return RankFailure(
+        rank=place.rank,
+        node_rank=place.node_rank,
+        exit_code=exit_code,
+        signal=signal_name,
+        exception=error.exception if error else None,
+        traceback=error.traceback if error else None,
+        log=_log(plan, index),
+        whole_node=plan.per_node,
+    )
 
 
 def process_state(attempt: Attempt, index: int) -> ProcessState:
@@ -84,8 +91,9 @@ def process_state(attempt: Attempt, index: int) -> ProcessState:
     return ProcessState.RUNNING
 
 
-def first_failure(plan: JobPlan, attempt: Attempt, terminated_at: Optional[float] = None,
-                  outside_signals: Tuple[int, ...] = ()) -> Optional[RankFailure]:
+def first_failure(
+    plan: JobPlan, attempt: Attempt, terminated_at: Optional[float] = None, outside_signals: Tuple[int, ...] = ()
+) -> Optional[RankFailure]:
     """The process that failed first, by the time of its record; None when none failed by itself.
 
     A process mmt stopped (a sibling failed, the time limit) is not a failure. When the job was terminated from
@@ -110,14 +118,22 @@ def first_failure(plan: JobPlan, attempt: Attempt, terminated_at: Optional[float
 
 
 def missing_result(plan: JobPlan) -> RankFailure:
-    return RankFailure(rank=0, node_rank=0, exit_code=0, signal=None, exception=None, traceback=None,
-                       log=_log(plan, 0), whole_node=plan.per_node, missing_result=True)
+    return RankFailure(
+        rank=0,
+        node_rank=0,
+        exit_code=0,
+        signal=None,
+        exception=None,
+        traceback=None,
+        log=_log(plan, 0),
+        whole_node=plan.per_node,
+        missing_result=True,
+    )
 
 
 def all_succeeded(plan: JobPlan, attempt: Attempt) -> bool:
     """Every process finished its task and the primary reported its result."""
-    return (all(attempt.done(index) == 0 for index in range(plan.process_count))
-            and attempt.primary_return.exists())
+    return all(attempt.done(index) == 0 for index in range(plan.process_count)) and attempt.primary_return.exists()
 
 
 def read_primary_return(attempt: Attempt) -> Any:
@@ -163,8 +179,14 @@ def outcome_of_record(record: ResultRecord) -> JobOutcome:
     """A result.json read back (a job that concluded itself, seen from another process)."""
     error = record.error or ""
     detail = error.split(": ", 1)[1] if ": " in error and record.failure is None else ""
-    return JobOutcome(status=record.status, duration_s=record.duration_s, failure=record.failure, detail=detail,
-                      scheduler_id=record.scheduler_id, stop_latency_s=record.stop_latency_s)
+    return JobOutcome(
+        status=record.status,
+        duration_s=record.duration_s,
+        failure=record.failure,
+        detail=detail,
+        scheduler_id=record.scheduler_id,
+        stop_latency_s=record.stop_latency_s,
+    )
 
 
 def _jsonable(value: Any) -> Any:
@@ -195,19 +217,36 @@ def summary_key(plan: JobPlan, return_value: Any) -> Optional[str]:
     return plan.summary_metric
 
 
-def result_record(plan: JobPlan, outcome: JobOutcome, return_value: Any, attempt_id: str,
-                  started_at: Optional[float] = None, ended_at: Optional[float] = None) -> ResultRecord:
+def result_record(
+    plan: JobPlan,
+    outcome: JobOutcome,
+    return_value: Any,
+    attempt_id: str,
+    started_at: Optional[float] = None,
+    ended_at: Optional[float] = None,
+) -> ResultRecord:
     """The result of a job's attempt, as ``result.json`` and the registry keep it."""
     completed = outcome.status == JobState.COMPLETED
     return ResultRecord(
-        job=plan.num, name=plan.name, attempt=attempt_id,
-        overrides=tuple(masked_overrides(plan.overrides, plan.secret_names)), status=outcome.status,
-        num_nodes=plan.num_nodes, devices=plan.devices, world_size=plan.world_size, machine=plan.machine.name,
-        summary_metric=summary_key(plan, return_value if completed else None), duration_s=outcome.duration_s,
+        job=plan.num,
+        name=plan.name,
+        attempt=attempt_id,
+        overrides=tuple(masked_overrides(plan.overrides, plan.secret_names)),
+        status=outcome.status,
+        num_nodes=plan.num_nodes,
+        devices=plan.devices,
+        world_size=plan.world_size,
+        machine=plan.machine.name,
+        summary_metric=summary_key(plan, return_value if completed else None),
+        duration_s=outcome.duration_s,
         stop_latency_s=outcome.stop_latency_s,
-        scheduler_id=outcome.scheduler_id, started_at=started_at, ended_at=ended_at,
-        return_value=_jsonable(return_value) if completed else None, failure=outcome.failure,
-        error=None if completed else str(error_for(plan, outcome)))
+        scheduler_id=outcome.scheduler_id,
+        started_at=started_at,
+        ended_at=ended_at,
+        return_value=_jsonable(return_value) if completed else None,
+        failure=outcome.failure,
+        error=None if completed else str(error_for(plan, outcome)),
+    )
 
 
 def read_result(job_dir: Path) -> Optional[ResultRecord]:

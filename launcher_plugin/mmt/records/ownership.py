@@ -26,7 +26,6 @@ from mmt.core.jobdir import JobDir, SweepDir, make_private_dir
 from mmt.records.liveness import Beacon, flock_held
 from mmt.records.schema import OwnerRecord, UnknownSchemaError
 
-
 _IN_USE_HINT = "HINT: wait for it (mmt wait NAME), stop it (mmt stop NAME), or choose another hydra.sweep.dir"
 
 
@@ -87,8 +86,9 @@ def claim(job_dir: JobDir, owner: Union[OwnerRecord, Mapping[str, Any]], still_a
         make_private_dir(job_dir.private)
         fd = os.open(job_dir.lock, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as exc:
-        raise UsageError(f"cannot use job dir {job_dir.root}: {exc.strerror or exc}. HINT: choose a writable "
-                         "hydra.sweep.dir") from None
+        raise UsageError(
+            f"cannot use job dir {job_dir.root}: {exc.strerror or exc}. HINT: choose a writable hydra.sweep.dir"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if not _still_named(fd, job_dir.lock):
@@ -98,13 +98,17 @@ def claim(job_dir: JobDir, owner: Union[OwnerRecord, Mapping[str, Any]], still_a
             return claim(job_dir, owner, still_active)
     except BlockingIOError:
         os.close(fd)
-        raise UsageError(f"job dir {job_dir.root} is in use by a live launch: "
-                         f"{_described(_read_owner_safely(job_dir))}. {_IN_USE_HINT}") from None
+        raise UsageError(
+            f"job dir {job_dir.root} is in use by a live launch: "
+            f"{_described(_read_owner_safely(job_dir))}. {_IN_USE_HINT}"
+        ) from None
     try:
         previous = OwnerRecord.read(job_dir.owner)
         if previous is not None and _may_run(job_dir, previous, still_active):
-            raise UsageError(f"job dir {job_dir.root} is in use by {_described(previous)}, which outlived its "
-                             f"launcher and is still running. {_IN_USE_HINT}")
+            raise UsageError(
+                f"job dir {job_dir.root} is in use by {_described(previous)}, which outlived its "
+                f"launcher and is still running. {_IN_USE_HINT}"
+            )
         record = owner if isinstance(owner, OwnerRecord) else OwnerRecord.of_this_process(**owner)
         result = Claim(job_dir=job_dir, fd=fd, owner=record)
         result.update()
@@ -146,12 +150,16 @@ def refuse_sweep_in_use(sweep_dir: Path, still_active: StillActive) -> None:
     refused at once (the per-job claim would refuse it too, after Hydra had overwritten that launch's record)."""
     for job_dir in SweepDir(sweep_dir).job_dirs():
         if lock_is_held(job_dir.root):
-            raise UsageError(f"hydra.sweep.dir {sweep_dir} is in use by a live launch: "
-                             f"{_described(_read_owner_safely(job_dir))} owns {job_dir.root}. {_IN_USE_HINT}")
+            raise UsageError(
+                f"hydra.sweep.dir {sweep_dir} is in use by a live launch: "
+                f"{_described(_read_owner_safely(job_dir))} owns {job_dir.root}. {_IN_USE_HINT}"
+            )
         owner = OwnerRecord.read(job_dir.owner)
         if owner is not None and _may_run(job_dir, owner, still_active):
-            raise UsageError(f"hydra.sweep.dir {sweep_dir} is in use by {_described(owner)}, which outlived its "
-                             f"launcher and is still running ({job_dir.root}). {_IN_USE_HINT}")
+            raise UsageError(
+                f"hydra.sweep.dir {sweep_dir} is in use by {_described(owner)}, which outlived its "
+                f"launcher and is still running ({job_dir.root}). {_IN_USE_HINT}"
+            )
 
 
 def read_owner(job_dir: Path) -> Optional[OwnerRecord]:
@@ -209,8 +217,9 @@ def claim_sweep(sweep_dir: Path, still_active: StillActive) -> SweepClaim:
         sweep.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(sweep.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        raise UsageError(f"cannot use hydra.sweep.dir {sweep_dir}: {exc.strerror or exc}. HINT: choose a writable "
-                         "hydra.sweep.dir") from None
+        raise UsageError(
+            f"cannot use hydra.sweep.dir {sweep_dir}: {exc.strerror or exc}. HINT: choose a writable hydra.sweep.dir"
+        ) from None
     info = os.fstat(fd)
     key = (info.st_dev, info.st_ino)
     earlier = _HELD.pop(key, None)
@@ -222,8 +231,7 @@ def claim_sweep(sweep_dir: Path, still_active: StillActive) -> SweepClaim:
         holder = _sweep_holder(fd)
         os.close(fd)
         refuse_sweep_in_use(sweep_dir, still_active)  # names the job and its dir, once the holder has claimed one
-        raise UsageError(f"hydra.sweep.dir {sweep_dir} is in use by a live launch ({holder}). {_IN_USE_HINT}") \
-            from None
+        raise UsageError(f"hydra.sweep.dir {sweep_dir} is in use by a live launch ({holder}). {_IN_USE_HINT}") from None
     held = SweepClaim(path=sweep.lock, fd=fd, key=key)
     facts = OwnerRecord.of_this_process()
     try:  # who holds it, for the message of a launch it refuses

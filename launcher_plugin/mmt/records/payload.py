@@ -60,8 +60,9 @@ def _refuse_unsafe(info: os.stat_result, path: Path) -> None:
     if info.st_uid != os.geteuid():
         raise UnsafePayloadError(f"{path} belongs to uid {info.st_uid}, not to this user: not loading its pickles")
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafePayloadError(f"{path} is writable by others (mode {stat.filemode(info.st_mode)}): not loading "
-                                 "its pickles")
+        raise UnsafePayloadError(
+            f"{path} is writable by others (mode {stat.filemode(info.st_mode)}): not loading its pickles"
+        )
 
 
 def open_private(path: Path) -> BinaryIO:

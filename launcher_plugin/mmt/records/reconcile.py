@@ -31,11 +31,21 @@ def conclude_orphan(record: JobRecord, registry: Registry, reason: str) -> JobRe
     page, a rerun) must not take the job for running."""
     ended = time.time()
     started = record.started_at
-    result = ResultRecord(status=JobState.FAILED, error=f"{record.name}: {reason}", attempt=record.attempt,
-                          job=job_num(record), name=record.name, overrides=tuple(record.overrides),
-                          num_nodes=record.num_nodes, devices=record.devices, machine=record.machine,
-                          scheduler_id=record.scheduler_id, started_at=started, ended_at=ended,
-                          duration_s=ended - started if started is not None else None)
+    result = ResultRecord(
+        status=JobState.FAILED,
+        error=f"{record.name}: {reason}",
+        attempt=record.attempt,
+        job=job_num(record),
+        name=record.name,
+        overrides=tuple(record.overrides),
+        num_nodes=record.num_nodes,
+        devices=record.devices,
+        machine=record.machine,
+        scheduler_id=record.scheduler_id,
+        started_at=started,
+        ended_at=ended,
+        duration_s=ended - started if started is not None else None,
+    )
     as_dict = result.to_dict()
     if registry.conclude_orphan(record.name, record.attempt, as_dict):
         record.state, record.result, record.ended_at = result.status.value, as_dict, result.ended_at

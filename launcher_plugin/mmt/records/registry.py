@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
-from mmt.core.states import FINAL_STATES
 from mmt.core.errors import UsageError
+from mmt.core.states import FINAL_STATES
 from mmt.records.schema import RecordError, ResultRecord
 
 HOME_VAR = "MMT_HOME"
@@ -73,14 +73,23 @@ def unusable(path: Path, exc: BaseException) -> RegistryError:
     text = str(exc) or type(exc).__name__
     lowered = text.lower()
     if "not a database" in lowered or "malformed" in lowered or "corrupt" in lowered:
-        hint = (f"the file is damaged: move it aside (mv {path} {path}.broken) and mmt starts a new one; every "
-                "job's files stay in its job dir")
+        hint = (
+            f"the file is damaged: move it aside (mv {path} {path}.broken) and mmt starts a new one; every "
+            "job's files stay in its job dir"
+        )
     elif "locked" in lowered or "busy" in lowered:
         hint = "another mmt process holds it: try again in a moment"
-    elif "readonly" in lowered or "read-only" in lowered or isinstance(exc, PermissionError) or "unable to open" \
-            in lowered or "permission" in lowered:
-        hint = (f"mmt writes it on every command: make {path.parent} and the file readable and writable by you, "
-                f"or point {HOME_VAR} at a directory that is")
+    elif (
+        "readonly" in lowered
+        or "read-only" in lowered
+        or isinstance(exc, PermissionError)
+        or "unable to open" in lowered
+        or "permission" in lowered
+    ):
+        hint = (
+            f"mmt writes it on every command: make {path.parent} and the file readable and writable by you, "
+            f"or point {HOME_VAR} at a directory that is"
+        )
     else:
         hint = f"check the file, or point {HOME_VAR} at another directory"
     return RegistryError(f"the job registry {path} cannot be used: {text}. HINT: {hint}")
@@ -191,12 +200,16 @@ class Registry:
                 for record in records:
                     taken = db.execute("SELECT state, job_dir FROM jobs WHERE name = ?", (record.name,)).fetchone()
                     if taken is not None:
-                        raise UsageError(f"a job named {record.name!r} exists already ({taken['state']}, "
-                                         f"{taken['job_dir']}). HINT: choose another name, or `mmt delete "
-                                         f"{record.name}` first")
+                        raise UsageError(
+                            f"a job named {record.name!r} exists already ({taken['state']}, "
+                            f"{taken['job_dir']}). HINT: choose another name, or `mmt delete "
+                            f"{record.name}` first"
+                        )
                     row = record.to_row()
-                    db.execute(f"INSERT INTO jobs ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
-                               list(row.values()))
+                    db.execute(
+                        f"INSERT INTO jobs ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
+                        list(row.values()),
+                    )
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -213,8 +226,9 @@ class Registry:
         if "detached" in values:
             values["detached"] = int(values["detached"])
         with self._connect() as db:
-            db.execute(f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in values)} WHERE name = ?",
-                       [*values.values(), name])
+            db.execute(
+                f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in values)} WHERE name = ?", [*values.values(), name]
+            )
 
     def conclude_orphan(self, name: str, attempt: str, result: Dict[str, Any]) -> bool:
         """Record ``result`` for a job whose launcher is gone (a local job's, or a SLURM job's before it got its id),
@@ -222,11 +236,12 @@ class Registry:
         it): the check and the write are one statement, so they cannot interleave with that launcher's writes.
         Whether it was recorded."""
         with self._connect() as db:
-            changed = db.execute("UPDATE jobs SET state = ?, result = ?, ended_at = ? WHERE name = ? AND attempt = ? "
-                                 "AND scheduler_id IS NULL AND ended_at IS NULL AND state NOT IN "
-                                 f"({', '.join('?' for _ in _FINAL_STATES)})",
-                                 [result["status"], json.dumps(result), result["ended_at"], name, attempt,
-                                  *_FINAL_STATES]).rowcount
+            changed = db.execute(
+                "UPDATE jobs SET state = ?, result = ?, ended_at = ? WHERE name = ? AND attempt = ? "
+                "AND scheduler_id IS NULL AND ended_at IS NULL AND state NOT IN "
+                f"({', '.join('?' for _ in _FINAL_STATES)})",
+                [result["status"], json.dumps(result), result["ended_at"], name, attempt, *_FINAL_STATES],
+            ).rowcount
         return changed == 1
 
     def get(self, name: str) -> Optional[JobRecord]:
@@ -237,8 +252,9 @@ class Registry:
     def require(self, name: str) -> JobRecord:
         record = self.get(name)
         if record is None:
-            raise UsageError(f"no job named {name!r} in the registry ({self.path}). HINT: `mmt list --all` lists "
-                             "every job")
+            raise UsageError(
+                f"no job named {name!r} in the registry ({self.path}). HINT: `mmt list --all` lists every job"
+            )
         return record
 
     def list(self, since: Optional[float] = None) -> List[JobRecord]:
@@ -247,8 +263,9 @@ class Registry:
             if since is None:
                 rows = db.execute("SELECT * FROM jobs ORDER BY created_at DESC").fetchall()
             else:
-                rows = db.execute("SELECT * FROM jobs WHERE created_at >= ? OR ended_at IS NULL "
-                                  "ORDER BY created_at DESC", (since,)).fetchall()
+                rows = db.execute(
+                    "SELECT * FROM jobs WHERE created_at >= ? OR ended_at IS NULL ORDER BY created_at DESC", (since,)
+                ).fetchall()
         return [JobRecord.from_row(row) for row in rows]
 
     def delete(self, name: str, attempt: Optional[str] = None) -> None:

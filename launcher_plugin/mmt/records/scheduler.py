@@ -81,18 +81,27 @@ class SchedulerRecord(_Record):
             since = f" since {clock(self.since)}" if self.since is not None else ""
             parts.append(f"waits in the queue{since}: {words}")
         if self.unreachable_since is not None:
-            parts.append(f"{self.unreachable or 'the scheduler'} not answering since {clock(self.unreachable_since)}; "
-                         "the state shown is the last one seen")
+            parts.append(
+                f"{self.unreachable or 'the scheduler'} not answering since {clock(self.unreachable_since)}; "
+                "the state shown is the last one seen"
+            )
         return "; ".join(parts) or None
 
-    def seen(self, state: Optional[str], reason: Optional[str], explanation: Optional[str],
-             now: Optional[float] = None) -> "SchedulerRecord":
+    def seen(
+        self, state: Optional[str], reason: Optional[str], explanation: Optional[str], now: Optional[float] = None
+    ) -> "SchedulerRecord":
         """This record after the scheduler answered: ``state`` and ``reason`` (``since`` kept while they stay)."""
         now = time.time() if now is None else now
         same = state == self.state and reason == self.reason
-        return replace(self, state=state, reason=reason, explanation=explanation,
-                       since=self.since if same and self.since is not None else now,
-                       unreachable=None, unreachable_since=None)
+        return replace(
+            self,
+            state=state,
+            reason=reason,
+            explanation=explanation,
+            since=self.since if same and self.since is not None else now,
+            unreachable=None,
+            unreachable_since=None,
+        )
 
     def unanswered(self, who: str, now: Optional[float] = None) -> "SchedulerRecord":
         """This record after ``who`` did not answer (the first time kept)."""
@@ -101,20 +110,33 @@ class SchedulerRecord(_Record):
         return replace(self, unreachable=who, unreachable_since=since)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {SCHEMA_KEY: self.schema, "scheduler_id": self.scheduler_id, "state": self.state,
-                "reason": self.reason, "explanation": self.explanation, "since": self.since,
-                "never_starts": self.never_starts, "message": self.message, "unreachable": self.unreachable,
-                "unreachable_since": self.unreachable_since}
+        return {
+            SCHEMA_KEY: self.schema,
+            "scheduler_id": self.scheduler_id,
+            "state": self.state,
+            "reason": self.reason,
+            "explanation": self.explanation,
+            "since": self.since,
+            "never_starts": self.never_starts,
+            "message": self.message,
+            "unreachable": self.unreachable,
+            "unreachable_since": self.unreachable_since,
+        }
 
     @classmethod
     def _fields(cls, data: Mapping[str, Any]) -> "SchedulerRecord":
         scheduler_id = _get(data, "scheduler_id", (str, int))
-        return cls(scheduler_id=None if scheduler_id is None else str(scheduler_id),
-                   state=_get(data, "state", (str,)), reason=_get(data, "reason", (str,)),
-                   explanation=_get(data, "explanation", (str,)), since=_get(data, "since", _NUMBER),
-                   never_starts=bool(data.get("never_starts", False)), message=_get(data, "message", (str,)),
-                   unreachable=_get(data, "unreachable", (str,)),
-                   unreachable_since=_get(data, "unreachable_since", _NUMBER))
+        return cls(
+            scheduler_id=None if scheduler_id is None else str(scheduler_id),
+            state=_get(data, "state", (str,)),
+            reason=_get(data, "reason", (str,)),
+            explanation=_get(data, "explanation", (str,)),
+            since=_get(data, "since", _NUMBER),
+            never_starts=bool(data.get("never_starts", False)),
+            message=_get(data, "message", (str,)),
+            unreachable=_get(data, "unreachable", (str,)),
+            unreachable_since=_get(data, "unreachable_since", _NUMBER),
+        )
 
 
 def read_scheduler(attempt: Attempt) -> Optional[SchedulerRecord]:

@@ -63,9 +63,11 @@ class UnknownSchemaError(MMTError):
     def __init__(self, kind: str, found: Any, known: int, where: str = "") -> None:
         self.kind, self.found, self.known, self.where = kind, found, known, where
         place = f" {where}" if where else ""
-        super().__init__(f"cannot read the {kind}{place}: it has schema {found!r}, and this mmt knows up to "
-                         f"schema {known}. HINT: it was written by a newer mmt; use that version (or upgrade this "
-                         "one) to read it")
+        super().__init__(
+            f"cannot read the {kind}{place}: it has schema {found!r}, and this mmt knows up to "
+            f"schema {known}. HINT: it was written by a newer mmt; use that version (or upgrade this "
+            "one) to read it"
+        )
 
     def __reduce__(self) -> Any:  # keyword-free construction, so it survives pickling like mmt's other errors
         return (UnknownSchemaError, (self.kind, self.found, self.known, self.where))
@@ -141,8 +143,9 @@ class _Record:
         except RecordError as exc:
             raise RecordError(f"the {cls.KIND}{' ' + where if where else ''} is not valid: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:
-            raise RecordError(f"the {cls.KIND}{' ' + where if where else ''} is not valid: "
-                              f"{type(exc).__name__}: {exc}") from None
+            raise RecordError(
+                f"the {cls.KIND}{' ' + where if where else ''} is not valid: {type(exc).__name__}: {exc}"
+            ) from None
 
     @classmethod
     def read(cls: Type[_R], path: Path) -> Optional[_R]:
@@ -165,11 +168,17 @@ def _failure_of(data: Any) -> Optional[RankFailure]:
         return None
     if not isinstance(data, Mapping):
         raise RecordError(f"'failure' is {data!r}, not an object")
-    return RankFailure(rank=int(data["rank"]), node_rank=int(data["node_rank"]),
-                       exit_code=_get(data, "exit_code", (int,)), signal=_get(data, "signal", (str,)),
-                       exception=_get(data, "exception", (str,)), traceback=_get(data, "traceback", (str,)),
-                       log=str(data.get("log") or ""), whole_node=bool(data.get("whole_node", False)),
-                       missing_result=bool(data.get("missing_result", False)))
+    return RankFailure(
+        rank=int(data["rank"]),
+        node_rank=int(data["node_rank"]),
+        exit_code=_get(data, "exit_code", (int,)),
+        signal=_get(data, "signal", (str,)),
+        exception=_get(data, "exception", (str,)),
+        traceback=_get(data, "traceback", (str,)),
+        log=str(data.get("log") or ""),
+        whole_node=bool(data.get("whole_node", False)),
+        missing_result=bool(data.get("missing_result", False)),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,17 +217,32 @@ class ResultRecord(_Record):
 
     def to_dict(self) -> Dict[str, Any]:
         data: Dict[str, Any] = {
-            SCHEMA_KEY: self.schema, "job": self.job, "name": self.name, "attempt": self.attempt,
-            "overrides": list(self.overrides), "status": self.status.value, "num_nodes": self.num_nodes,
-            "devices": self.devices, "world_size": self.world_size, "machine": self.machine,
-            "summary_metric": self.summary_metric, "duration_s": self.duration_s,
-            "stop_latency_s": self.stop_latency_s, "scheduler_id": self.scheduler_id}
+            SCHEMA_KEY: self.schema,
+            "job": self.job,
+            "name": self.name,
+            "attempt": self.attempt,
+            "overrides": list(self.overrides),
+            "status": self.status.value,
+            "num_nodes": self.num_nodes,
+            "devices": self.devices,
+            "world_size": self.world_size,
+            "machine": self.machine,
+            "summary_metric": self.summary_metric,
+            "duration_s": self.duration_s,
+            "stop_latency_s": self.stop_latency_s,
+            "scheduler_id": self.scheduler_id,
+        }
         if self.started_at is not None:
             data["started_at"] = self.started_at
         if self.ended_at is not None:
             data["ended_at"] = self.ended_at
-        data.update({"return_value": self.return_value,
-                     "failure": asdict(self.failure) if self.failure is not None else None, "error": self.error})
+        data.update(
+            {
+                "return_value": self.return_value,
+                "failure": asdict(self.failure) if self.failure is not None else None,
+                "error": self.error,
+            }
+        )
         return data
 
     @classmethod
@@ -227,16 +251,26 @@ class ResultRecord(_Record):
             raise RecordError("it has no 'status'")
         overrides = _get(data, "overrides", (list, tuple), ())
         scheduler_id = _get(data, "scheduler_id", (str, int))
-        return cls(job=_get(data, "job", (int,), 0) or 0, name=_get(data, "name", (str,)),
-                   attempt=_get(data, "attempt", (str,)), overrides=tuple(str(o) for o in overrides or ()),
-                   status=JobState(data["status"]), num_nodes=_get(data, "num_nodes", (int,)),
-                   devices=_get(data, "devices", (int,)), world_size=_get(data, "world_size", (int,)),
-                   machine=_get(data, "machine", (str,)), summary_metric=_get(data, "summary_metric", (str,)),
-                   duration_s=_get(data, "duration_s", _NUMBER), stop_latency_s=_get(data, "stop_latency_s", _NUMBER),
-                   scheduler_id=None if scheduler_id is None else str(scheduler_id),
-                   started_at=_get(data, "started_at", _NUMBER), ended_at=_get(data, "ended_at", _NUMBER),
-                   return_value=data.get("return_value"), failure=_failure_of(data.get("failure")),
-                   error=_get(data, "error", (str,)))
+        return cls(
+            job=_get(data, "job", (int,), 0) or 0,
+            name=_get(data, "name", (str,)),
+            attempt=_get(data, "attempt", (str,)),
+            overrides=tuple(str(o) for o in overrides or ()),
+            status=JobState(data["status"]),
+            num_nodes=_get(data, "num_nodes", (int,)),
+            devices=_get(data, "devices", (int,)),
+            world_size=_get(data, "world_size", (int,)),
+            machine=_get(data, "machine", (str,)),
+            summary_metric=_get(data, "summary_metric", (str,)),
+            duration_s=_get(data, "duration_s", _NUMBER),
+            stop_latency_s=_get(data, "stop_latency_s", _NUMBER),
+            scheduler_id=None if scheduler_id is None else str(scheduler_id),
+            started_at=_get(data, "started_at", _NUMBER),
+            ended_at=_get(data, "ended_at", _NUMBER),
+            return_value=data.get("return_value"),
+            failure=_failure_of(data.get("failure")),
+            error=_get(data, "error", (str,)),
+        )
 
     def concludes(self, attempt_id: Optional[str]) -> bool:
         """Whether it is the result of that attempt (not of an earlier or a later launch into the same dir)."""
@@ -278,9 +312,16 @@ class OwnerRecord(_Record):
         return replace(self, **facts)
 
     def to_dict(self) -> Dict[str, Any]:
-        data: Dict[str, Any] = {SCHEMA_KEY: self.schema, "host": self.host, "pid": self.pid, "started": self.started,
-                                "attempt": self.attempt, "name": self.name, "backend": self.backend,
-                                "job_id": self.job_id}
+        data: Dict[str, Any] = {
+            SCHEMA_KEY: self.schema,
+            "host": self.host,
+            "pid": self.pid,
+            "started": self.started,
+            "attempt": self.attempt,
+            "name": self.name,
+            "backend": self.backend,
+            "job_id": self.job_id,
+        }
         if self.scheduler_id is not None:
             data["scheduler_id"] = self.scheduler_id
         return data
@@ -288,11 +329,16 @@ class OwnerRecord(_Record):
     @classmethod
     def _fields(cls, data: Mapping[str, Any]) -> "OwnerRecord":
         scheduler_id = _get(data, "scheduler_id", (str, int))
-        return cls(host=_get(data, "host", (str,)), pid=_get(data, "pid", (int,)),
-                   started=_get(data, "started", _NUMBER), attempt=_get(data, "attempt", (str,)),
-                   name=_get(data, "name", (str,)), backend=_get(data, "backend", (str,)),
-                   job_id=_get(data, "job_id", (str,)),
-                   scheduler_id=None if scheduler_id is None or scheduler_id == "" else str(scheduler_id))
+        return cls(
+            host=_get(data, "host", (str,)),
+            pid=_get(data, "pid", (int,)),
+            started=_get(data, "started", _NUMBER),
+            attempt=_get(data, "attempt", (str,)),
+            name=_get(data, "name", (str,)),
+            backend=_get(data, "backend", (str,)),
+            job_id=_get(data, "job_id", (str,)),
+            scheduler_id=None if scheduler_id is None or scheduler_id == "" else str(scheduler_id),
+        )
 
 
 # ------------------------------------------------------------------------------------- error.<i>.json, exit.<i>.json
@@ -321,17 +367,26 @@ class ErrorRecord(_Record):
         return self.time if self.time is not None else math.inf
 
     def to_dict(self) -> Dict[str, Any]:
-        data: Dict[str, Any] = {SCHEMA_KEY: self.schema, "time": self.time, "exception": self.exception,
-                                "traceback": self.traceback}
+        data: Dict[str, Any] = {
+            SCHEMA_KEY: self.schema,
+            "time": self.time,
+            "exception": self.exception,
+            "traceback": self.traceback,
+        }
         if self.command:
             data.update(exit_code=self.exit_code, signal=self.signal)
         return data
 
     @classmethod
     def _fields(cls, data: Mapping[str, Any]) -> "ErrorRecord":
-        return cls(time=_get(data, "time", _NUMBER), exception=_get(data, "exception", (str,)),
-                   traceback=_get(data, "traceback", (str,)), command="exit_code" in data,
-                   exit_code=_get(data, "exit_code", (int,)), signal=_get(data, "signal", (str,)))
+        return cls(
+            time=_get(data, "time", _NUMBER),
+            exception=_get(data, "exception", (str,)),
+            traceback=_get(data, "traceback", (str,)),
+            command="exit_code" in data,
+            exit_code=_get(data, "exit_code", (int,)),
+            signal=_get(data, "signal", (str,)),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

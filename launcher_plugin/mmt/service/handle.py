@@ -28,9 +28,11 @@ class JobDirGone(UsageError):
 
     def __init__(self, record: JobRecord) -> None:
         self.job_dir = record.job_dir
-        super().__init__(f"the job dir {record.job_dir} of {record.name} was deleted: its logs and files are gone "
-                         f"(the registry still records it as {job_status.lightning_status(record.state)}). "
-                         f"HINT: `mmt delete {record.name}` forgets it")
+        super().__init__(
+            f"the job dir {record.job_dir} of {record.name} was deleted: its logs and files are gone "
+            f"(the registry still records it as {job_status.lightning_status(record.state)}). "
+            f"HINT: `mmt delete {record.name}` forgets it"
+        )
 
 
 def log_range(record: JobRecord) -> Tuple[int, str]:
@@ -40,8 +42,10 @@ def log_range(record: JobRecord) -> Tuple[int, str]:
     count = record.num_nodes if per_node else record.num_nodes * record.devices
     span = "0" if count == 1 else f"0-{count - 1}"
     if per_node:
-        return count, (f"{'machine' if count == 1 else 'machines'} {span} of this {record.num_nodes}-machine job "
-                       "(its command runs once per machine: the rank names the machine)")
+        return count, (
+            f"{'machine' if count == 1 else 'machines'} {span} of this {record.num_nodes}-machine job "
+            "(its command runs once per machine: the rank names the machine)"
+        )
     return count, f"{'rank' if count == 1 else 'ranks'} {span} of this {record.num_nodes} x {record.devices} job"
 
 
@@ -72,12 +76,20 @@ def job_row(record: JobRecord) -> Dict[str, Any]:
     duration = result.duration_s if result else None
     if duration is None and record.started_at:
         duration = (record.ended_at or time.time()) - record.started_at
-    return {"name": record.name, "status": job_status.lightning_status(record.state), "state": record.state,
-            "cluster": record.backend, "machine": record.machine, "topology": f"{record.num_nodes} x {record.devices}",
-            "scheduler_id": record.scheduler_id,
-            "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created_at)),
-            "duration_s": round(duration, 1) if duration is not None else None, "dir": record.job_dir,
-            "metric": _metric(result), "detached": record.detached}
+    return {
+        "name": record.name,
+        "status": job_status.lightning_status(record.state),
+        "state": record.state,
+        "cluster": record.backend,
+        "machine": record.machine,
+        "topology": f"{record.num_nodes} x {record.devices}",
+        "scheduler_id": record.scheduler_id,
+        "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created_at)),
+        "duration_s": round(duration, 1) if duration is not None else None,
+        "dir": record.job_dir,
+        "metric": _metric(result),
+        "detached": record.detached,
+    }
 
 
 def node_status(record: JobRecord, node: int) -> str:
@@ -92,11 +104,19 @@ def node_status(record: JobRecord, node: int) -> str:
 
 def job_facts(record: JobRecord) -> Dict[str, Any]:
     """A job in detail, as `mmt inspect --json` prints it and ``job.dict()`` returns it."""
-    return {**job_row(record), "job_id": record.job_id, "attempt": record.attempt, "command": record.command,
-            "overrides": record.overrides, "sweep_dir": record.sweep_dir, "supervisor_pid": record.supervisor_pid,
-            "dir_exists": Path(record.job_dir).is_dir(), "link": Path(record.job_dir).absolute().as_uri(),
-            "result": record.result,
-            "machines": [{"rank": n, "status": node_status(record, n)} for n in range(record.num_nodes)]}
+    return {
+        **job_row(record),
+        "job_id": record.job_id,
+        "attempt": record.attempt,
+        "command": record.command,
+        "overrides": record.overrides,
+        "sweep_dir": record.sweep_dir,
+        "supervisor_pid": record.supervisor_pid,
+        "dir_exists": Path(record.job_dir).is_dir(),
+        "link": Path(record.job_dir).absolute().as_uri(),
+        "result": record.result,
+        "machines": [{"rank": n, "status": node_status(record, n)} for n in range(record.num_nodes)],
+    }
 
 
 class Status(str, enum.Enum):
@@ -112,7 +132,6 @@ class Status(str, enum.Enum):
     @property
     def final(self) -> bool:
         return self in (Status.Stopped, Status.Completed, Status.Failed)
-
 
 
 def _node_status_of(states: "frozenset[ProcessState]") -> Status:
@@ -292,8 +311,10 @@ class RegisteredJob:
                 size = path.stat().st_size
                 start = 0 if size <= budget else _line_start_after(path, size - budget)
                 if start:
-                    parts.append(f"[mmt] the first {start} bytes of {path} are not shown here; job.logs(rank=...) "
-                                 "or the file has them\n")
+                    parts.append(
+                        f"[mmt] the first {start} bytes of {path} are not shown here; job.logs(rank=...) "
+                        "or the file has them\n"
+                    )
                 parts.append(log_files.read_text(path, start, size))
             except (FileNotFoundError, NotADirectoryError):
                 continue

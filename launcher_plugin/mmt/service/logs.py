@@ -131,8 +131,14 @@ def text_blocks(path: Path, start: int = 0, sanitise: bool = False) -> Iterator[
         yield rest
 
 
-def follow(path: Path, start: int, ended: Callable[[], bool], sanitise: bool = False, by_line: bool = True,
-           poll_s: float = POLL_S) -> Iterator[str]:
+def follow(
+    path: Path,
+    start: int,
+    ended: Callable[[], bool],
+    sanitise: bool = False,
+    by_line: bool = True,
+    poll_s: float = POLL_S,
+) -> Iterator[str]:
     """The file's text from byte ``start`` on, as it is written, until ``ended()`` says the writer is done (checked
     before each read, so that the last lines are never missed): line by line, or in blocks of whole lines
     (``by_line=False``). A file that is not there yet is waited for; one that shrank (rewritten) is read again from

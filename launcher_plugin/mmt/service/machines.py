@@ -101,5 +101,9 @@ class MachineType(str, enum.Enum):
 
 
 #: ``Machine.T4``, ``Machine.A100_X_8`` ...: every machine of the installed catalogue
-Machine = MachineType("Machine", {name.upper(): name for name in catalogue_names()},  # type: ignore[call-overload]
-                      module=__name__, qualname="Machine")
+Machine = MachineType(
+    "Machine",
+    {name.upper(): name for name in catalogue_names()},  # type: ignore[call-overload]
+    module=__name__,
+    qualname="Machine",
+)

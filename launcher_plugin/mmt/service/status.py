@@ -57,10 +57,17 @@ def summary_row(record: JobRecord) -> Tuple[Any, str]:
     result = record.result_record()
     metric = metric_of(result.return_value if result else None, result.summary_metric if result else None)
     note = "" if record.state == JobState.COMPLETED.value else first_line((result.error if result else None) or "")
-    row = SummaryRow(job=result.job if result else 0, name=record.name, overrides=" ".join(record.overrides),
-                     status=record.state, num_nodes=record.num_nodes, devices=record.devices,
-                     duration_s=result.duration_s if result else None, metric=metric["value"],
-                     note=note.split(": ", 1)[-1])
+    row = SummaryRow(
+        job=result.job if result else 0,
+        name=record.name,
+        overrides=" ".join(record.overrides),
+        status=record.state,
+        num_nodes=record.num_nodes,
+        devices=record.devices,
+        duration_s=result.duration_s if result else None,
+        metric=metric["value"],
+        note=note.split(": ", 1)[-1],
+    )
     return row, metric["name"]
 
 

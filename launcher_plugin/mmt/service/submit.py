@@ -74,7 +74,7 @@ def default_name() -> str:
 
 
 def literal(value: str) -> str:
-    """``value`` as OmegaConf text that resolves to itself: shell syntax (``${VAR}``, ``${VAR:-x}``) is not an
+    r"""``value`` as OmegaConf text that resolves to itself: shell syntax (``${VAR}``, ``${VAR:-x}``) is not an
     interpolation. OmegaConf reads ``\${`` as a literal ``${``, and n backslashes before it as n/2 (so 2n+1)."""
     return re.sub(r"(\\*)\$\{", lambda m: "\\" * (2 * len(m.group(1)) + 1) + "${", value)
 
@@ -89,9 +89,14 @@ def _quote(value: str) -> str:
 
 
 def _overrides(spec: RunSpec, name: str) -> List[str]:
-    overrides = [f"machine={canonical_name(spec.machine)}", f"cluster={spec.cluster}",
-                 f"num_nodes={spec.num_machines}", f"command={_quote(spec.command)}",
-                 f"command_mode={spec.command_mode}", f"hydra.launcher.name={name}"]
+    overrides = [
+        f"machine={canonical_name(spec.machine)}",
+        f"cluster={spec.cluster}",
+        f"num_nodes={spec.num_machines}",
+        f"command={_quote(spec.command)}",
+        f"command_mode={spec.command_mode}",
+        f"hydra.launcher.name={name}",
+    ]
     if spec.devices is not None:
         overrides.append(f"devices={spec.devices}")
     if spec.image is not None:
@@ -170,8 +175,9 @@ def _check(spec: RunSpec) -> None:
         raise ConfigError("command", spec.command, "expected a shell command", "e.g. --command 'python train.py'")
     for key in spec.env:
         if not isinstance(key, str) or not _ENV_NAME.match(key):
-            raise ConfigError(f"env.{key}", "***", "environment variable names are letters, digits and _",
-                              "e.g. -e MY_FLAG=1")
+            raise ConfigError(
+                f"env.{key}", "***", "environment variable names are letters, digits and _", "e.g. -e MY_FLAG=1"
+            )
     if spec.name is not None:
         prepare.check_name("name", spec.name)
 
@@ -183,9 +189,12 @@ _SPEC_KEYS: Dict[str, Tuple[str, Callable[[RunSpec], Any], Callable[[Any], Any],
     "num_nodes": ("num_machines", lambda s: s.num_machines, lambda v: v, "machines per job, e.g. num_machines=2"),
     "devices": ("devices", lambda s: s.devices, lambda v: v, "processes per machine, e.g. devices=2"),
     "command_mode": ("command_mode", lambda s: s.command_mode, lambda v: v, "per_node or per_rank"),
-    "hydra.launcher.timeout_min": ("max_runtime", lambda s: s.timeout_min,
-                                   lambda v: float(f"{v * 60:.6g}") if isinstance(v, (int, float)) else v,
-                                   "seconds, or a duration such as 90m or 2h"),
+    "hydra.launcher.timeout_min": (
+        "max_runtime",
+        lambda s: s.timeout_min,
+        lambda v: float(f"{v * 60:.6g}") if isinstance(v, (int, float)) else v,
+        "seconds, or a duration such as 90m or 2h",
+    ),
     "image": ("image", lambda s: s.image, lambda v: v, None),
 }
 
@@ -212,15 +221,25 @@ def run(spec: RunSpec, console: Optional[Console] = None) -> Union[engine.Launch
     name = spec.name or default_name()
     context, master = _compose(spec, name)
     if spec.detach and master.hydra.launcher.get("dashboard"):
-        raise ConfigError("hydra.launcher.dashboard", True, "the live page lasts as long as an attached run, and a "
-                          "detached one returns at once", "leave it out, and run `mmt dashboard` when you want the "
-                          "page: it shows every registered job")
+        raise ConfigError(
+            "hydra.launcher.dashboard",
+            True,
+            "the live page lasts as long as an attached run, and a detached one returns at once",
+            "leave it out, and run `mmt dashboard` when you want the page: it shows every registered job",
+        )
     backend = prepare.make_backend(master.hydra.launcher)
     try:
         try:
-            job = prepare.prepare_job(hydra_context=context, master=master, task_function=no_task, backend=backend,
-                                      overrides=list(master.hydra.overrides.task), num=0, name=name,
-                                      amend=_literal_values(spec))
+            job = prepare.prepare_job(
+                hydra_context=context,
+                master=master,
+                task_function=no_task,
+                backend=backend,
+                overrides=list(master.hydra.overrides.task),
+                num=0,
+                name=name,
+                amend=_literal_values(spec),
+            )
         except ConfigError as exc:
             mapped = _in_spec_terms(exc, spec)
             if mapped is exc:
@@ -229,8 +248,9 @@ def run(spec: RunSpec, console: Optional[Console] = None) -> Union[engine.Launch
         plan = job.prepared.plan
         if plan.dry_run:
             return dryrun.render(plan, backend.describe(plan))
-        options = engine.LaunchOptions(sweep_dir=Path(str(master.hydra.sweep.dir)).absolute(),
-                                       registry=prepare.open_registry())
+        options = engine.LaunchOptions(
+            sweep_dir=Path(str(master.hydra.sweep.dir)).absolute(), registry=prepare.open_registry()
+        )
         if spec.detach:
             return prepare.detached_submit([job.prepared], backend, options)
         console = console or Console()
@@ -250,4 +270,3 @@ def exit_code(report: engine.LaunchReport) -> int:
     if report.interrupted_by is not None and not report.detached:
         return 128 + report.interrupted_by
     return 0 if report.jobs and all(j.outcome.status.value == "COMPLETED" for j in report.jobs) else 1
-

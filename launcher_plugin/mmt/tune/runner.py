@@ -21,14 +21,22 @@ from mmt.core import rank_env
 from mmt.planning import tuned
 from mmt.tune.search import Trial, TuneError, TuneSettings, choose, confirm, refine, search, sweep
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 class TrialRunner:
     """Runs one candidate of ``recipe`` (a resolved recipe config with ``_target_``) in a fresh process."""
 
-    def __init__(self, recipe: Dict[str, Any], *, accelerator: str, budget_gb: float, threads: int,
-                 workdir: Path, timeout_s: float) -> None:
+    def __init__(
+        self,
+        recipe: Dict[str, Any],
+        *,
+        accelerator: str,
+        budget_gb: float,
+        threads: int,
+        workdir: Path,
+        timeout_s: float,
+    ) -> None:
         self.recipe, self.accelerator, self.threads = recipe, accelerator, threads
         self.budget_bytes = int(budget_gb * GIB)
         self.workdir, self.timeout_s = workdir, timeout_s
@@ -38,9 +46,17 @@ class TrialRunner:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         env = rank_env.scrubbed(os.environ)
-        env.update(rank_env.contract_env(rank_env.RankPlace(0, 0, 1, 1), per_node=False, master_addr="127.0.0.1",
-                                         master_port=port, job_dir=str(job_dir), job_id=f"tune-{micro}",
-                                         extra=rank_env.batch_env(micro, micro, 1)))
+        env.update(
+            rank_env.contract_env(
+                rank_env.RankPlace(0, 0, 1, 1),
+                per_node=False,
+                master_addr="127.0.0.1",
+                master_port=port,
+                job_dir=str(job_dir),
+                job_id=f"tune-{micro}",
+                extra=rank_env.batch_env(micro, micro, 1),
+            )
+        )
         env["OMP_NUM_THREADS"] = str(self.threads)  # a device's share of the node, as in a job
         # one device: the first visible GPU; a CPU trial on a GPU host keeps its hands off the GPUs
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
@@ -49,14 +65,25 @@ class TrialRunner:
 
     def __call__(self, micro: int) -> Trial:
         job_dir = Path(tempfile.mkdtemp(prefix=f"micro{micro}.", dir=self.workdir))
-        spec = {"recipe": self.recipe, "accelerator": self.accelerator, "budget_bytes": self.budget_bytes,
-                "sys_path": list(sys.path), "result": str(job_dir / "result.json"), "tuner_pid": os.getpid()}
+        spec = {
+            "recipe": self.recipe,
+            "accelerator": self.accelerator,
+            "budget_bytes": self.budget_bytes,
+            "sys_path": list(sys.path),
+            "result": str(job_dir / "result.json"),
+            "tuner_pid": os.getpid(),
+        }
         (job_dir / "spec.json").write_text(json.dumps(spec))
         started = time.monotonic()
         with open(self.workdir / f"micro{micro}.log", "w") as log:
-            process = subprocess.Popen([sys.executable, "-m", "mmt.tune.trial", str(job_dir / "spec.json")],
-                                       env=self._env(micro, job_dir), stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "mmt.tune.trial", str(job_dir / "spec.json")],
+                env=self._env(micro, job_dir),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             try:
                 code = process.wait(timeout=self.timeout_s)
             except subprocess.TimeoutExpired:
@@ -73,8 +100,13 @@ class TrialRunner:
             record = {}
         shutil.rmtree(job_dir, ignore_errors=True)  # the trial's checkpoints and metrics; its log stays
         if code == 0 and record.get("status") == "fits":
-            return Trial(micro, True, samples_per_s=record["samples_per_s"], seconds=seconds,
-                         peak_rss_mb=record.get("peak_rss_mb"))
+            return Trial(
+                micro,
+                True,
+                samples_per_s=record["samples_per_s"],
+                seconds=seconds,
+                peak_rss_mb=record.get("peak_rss_mb"),
+            )
         if code < 0:
             why = f"killed by {_signal_name(-code)}"
         elif record.get("status") in ("oom", "error"):
@@ -103,8 +135,12 @@ def budget_gb(machine: Dict[str, Any], devices: int, override: Optional[float]) 
     """Memory per device: the override, else the GPU's memory, else the node's memory shared by its processes."""
     if override is not None:
         return float(override)
-    budget = tuned.device_memory_gb(gpus=machine.get("gpus"), gpu_memory_gb=machine.get("gpu_memory_gb"),
-                                    memory_gb=machine.get("memory_gb"), devices=devices)
+    budget = tuned.device_memory_gb(
+        gpus=machine.get("gpus"),
+        gpu_memory_gb=machine.get("gpu_memory_gb"),
+        memory_gb=machine.get("memory_gb"),
+        devices=devices,
+    )
     if budget is None:
         stated = "gpu_memory_gb" if machine.get("gpus") else "memory_gb"
         raise TuneError(f"machine {machine.get('name')!r} states no {stated}; set tune.budget_gb")
@@ -126,13 +162,30 @@ def _versions() -> Dict[str, str]:
 def _host(load_before: float) -> Dict[str, Any]:
     """Where it was measured; the load averages flag measurements disturbed by other work on the host."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
-    return {"cpus": len(os.sched_getaffinity(0)), "memory_gb": round(memory, 1), "platform": platform.platform(),
-            "load_avg_1m_before": round(load_before, 2), "load_avg_1m_after": round(os.getloadavg()[0], 2)}
+    return {
+        "cpus": len(os.sched_getaffinity(0)),
+        "memory_gb": round(memory, 1),
+        "platform": platform.platform(),
+        "load_avg_1m_before": round(load_before, 2),
+        "load_avg_1m_after": round(os.getloadavg()[0], 2),
+    }
 
 
-def entry(*, recipe: str, machine: str, precision: str, settings: TuneSettings, trials: List[Trial],
-          chosen: Trial, largest: int, cap: int, enforced_by: str,
-          recipe_overrides: Dict[str, Any], load_before: float, runs: int) -> Dict[str, Any]:
+def entry(
+    *,
+    recipe: str,
+    machine: str,
+    precision: str,
+    settings: TuneSettings,
+    trials: List[Trial],
+    chosen: Trial,
+    largest: int,
+    cap: int,
+    enforced_by: str,
+    recipe_overrides: Dict[str, Any],
+    load_before: float,
+    runs: int,
+) -> Dict[str, Any]:
     """The table entry, with everything needed to judge or redo it."""
     return {
         "recipe": recipe,
@@ -145,13 +198,23 @@ def entry(*, recipe: str, machine: str, precision: str, settings: TuneSettings, 
         "margin_cap": cap,
         "capped_by_max_micro": largest == settings.max_micro,
         # samples/s of each candidate that fits; why the others do not (oom, killed by ..., error, timeout)
-        "candidates": {t.micro: round(t.samples_per_s or 0.0, 2) if t.fits else t.why.split(":")[0]
-                       for t in sorted(trials, key=lambda t: t.micro)},
-        "search": {"start": settings.start, "max_micro": settings.max_micro, "max_trials": settings.max_trials,
-                   "resolution": settings.resolution, "margin": settings.margin, "tie": settings.tie,
-                   "refine_trials": settings.refine_trials, "confirm_trials": settings.confirm_trials,
-                   "trials": runs, "seconds": round(sum(t.seconds for t in trials), 1),
-                   "budget_enforced_by": enforced_by},
+        "candidates": {
+            t.micro: round(t.samples_per_s or 0.0, 2) if t.fits else t.why.split(":")[0]
+            for t in sorted(trials, key=lambda t: t.micro)
+        },
+        "search": {
+            "start": settings.start,
+            "max_micro": settings.max_micro,
+            "max_trials": settings.max_trials,
+            "resolution": settings.resolution,
+            "margin": settings.margin,
+            "tie": settings.tie,
+            "refine_trials": settings.refine_trials,
+            "confirm_trials": settings.confirm_trials,
+            "trials": runs,
+            "seconds": round(sum(t.seconds for t in trials), 1),
+            "budget_enforced_by": enforced_by,
+        },
         "trial_recipe": recipe_overrides,
         "tuned_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "versions": _versions(),
@@ -176,32 +239,61 @@ def run(cfg: Any, workdir: Path, out: Any = sys.stdout) -> Dict[str, Any]:
 
     batch, options, machine = section("batch"), section("tune"), section("machine")
     if not batch.get("recipe") or not (options.get("table") or batch.get("table")):
-        raise TuneError("the recipe's config has no batch.recipe / batch.table: there is no table to tune for. "
-                        "HINT: add a batch section (see conf/recipe/lm.yaml)")
+        raise TuneError(
+            "the recipe's config has no batch.recipe / batch.table: there is no table to tune for. "
+            "HINT: add a batch section (see conf/recipe/lm.yaml)"
+        )
     if not machine.get("name"):
         raise TuneError("no machine: pick one with machine=<name>")
     devices = OmegaConf.select(cfg, "devices", default=None) or (machine.get("gpus") or 1)
     settings = TuneSettings(
         budget_gb=budget_gb(machine, devices, options.get("budget_gb")),
-        **{k: options[k] for k in ("margin", "start", "max_micro", "max_trials", "resolution", "tie",
-                                   "trial_timeout_s", "refine_trials", "confirm_trials")
-           if options.get(k) is not None})
+        **{
+            k: options[k]
+            for k in (
+                "margin",
+                "start",
+                "max_micro",
+                "max_trials",
+                "resolution",
+                "tie",
+                "trial_timeout_s",
+                "refine_trials",
+                "confirm_trials",
+            )
+            if options.get(k) is not None
+        },
+    )
     recipe = section("recipe")
     recipe.update(options.get("recipe") or {})
     path = tuned.table_path(str(options.get("table") or batch["table"]))
     accelerator = str(machine.get("accelerator", "cpu"))
     threads = max(1, len(os.sched_getaffinity(0)) // devices)
     workdir.mkdir(parents=True, exist_ok=True)
-    print(f"tune: recipe {batch['recipe']} on {machine['name']} ({accelerator}), "
-          f"precision {batch.get('precision')}, "
-          f"{settings.budget_gb:g} GiB per device, {threads} threads; candidates {settings.start}.."
-          f"{settings.max_micro}, at most {settings.max_trials} trials; logs in {workdir}", file=out, flush=True)
+    print(
+        f"tune: recipe {batch['recipe']} on {machine['name']} ({accelerator}), "
+        f"precision {batch.get('precision')}, "
+        f"{settings.budget_gb:g} GiB per device, {threads} threads; candidates {settings.start}.."
+        f"{settings.max_micro}, at most {settings.max_trials} trials; logs in {workdir}",
+        file=out,
+        flush=True,
+    )
     load_before = os.getloadavg()[0]
     if load_before > len(os.sched_getaffinity(0)):  # every CPU already busy (our own last trial adds ~1)
-        print(f"tune: WARNING the host is busy (load {load_before:.1f} on {len(os.sched_getaffinity(0))} CPUs): "
-              "samples/s will be disturbed; the entry records the load", file=out, flush=True)
-    runner = TrialRunner(recipe, accelerator=accelerator, budget_gb=settings.budget_gb, threads=threads,
-                         workdir=workdir, timeout_s=settings.trial_timeout_s)
+        print(
+            f"tune: WARNING the host is busy (load {load_before:.1f} on {len(os.sched_getaffinity(0))} CPUs): "
+            "samples/s will be disturbed; the entry records the load",
+            file=out,
+            flush=True,
+        )
+    runner = TrialRunner(
+        recipe,
+        accelerator=accelerator,
+        budget_gb=settings.budget_gb,
+        threads=threads,
+        workdir=workdir,
+        timeout_s=settings.trial_timeout_s,
+    )
 
     runs = []
 
@@ -210,8 +302,10 @@ def run(cfg: Any, workdir: Path, out: Any = sys.stdout) -> Dict[str, Any]:
         trial = runner(micro)
         print("tune: " + _describe(trial), file=out, flush=True)
         if not trial.fits and trial.why.startswith("error") and micro == settings.start:
-            raise TuneError(f"the first candidate failed for another reason than memory: {trial.why}. "
-                            f"Log: {workdir / f'micro{micro}.log'}")
+            raise TuneError(
+                f"the first candidate failed for another reason than memory: {trial.why}. "
+                f"Log: {workdir / f'micro{micro}.log'}"
+            )
         return trial
 
     mode = options.get("mode") or "search"
@@ -226,14 +320,28 @@ def run(cfg: Any, workdir: Path, out: Any = sys.stdout) -> Dict[str, Any]:
         confirm(logged, trials, settings)
     chosen, largest, cap = choose(trials, settings)
     if chosen is None:
-        raise TuneError(f"no candidate fits {settings.budget_gb:g} GiB per device: " +
-                        "; ".join(_describe(t) for t in trials))
-    result = entry(recipe=str(batch["recipe"]), machine=str(machine["name"]),
-                   precision=str(batch.get("precision", "32-true")), settings=settings, trials=trials,
-                   chosen=chosen, largest=largest, cap=cap,
-                   enforced_by="torch.cuda.set_per_process_memory_fraction" if accelerator == "gpu"
-                   else "RLIMIT_DATA", recipe_overrides=options.get("recipe") or {}, load_before=load_before, runs=len(runs))
+        raise TuneError(
+            f"no candidate fits {settings.budget_gb:g} GiB per device: " + "; ".join(_describe(t) for t in trials)
+        )
+    result = entry(
+        recipe=str(batch["recipe"]),
+        machine=str(machine["name"]),
+        precision=str(batch.get("precision", "32-true")),
+        settings=settings,
+        trials=trials,
+        chosen=chosen,
+        largest=largest,
+        cap=cap,
+        enforced_by="torch.cuda.set_per_process_memory_fraction" if accelerator == "gpu" else "RLIMIT_DATA",
+        recipe_overrides=options.get("recipe") or {},
+        load_before=load_before,
+        runs=len(runs),
+    )
     tuned.write_entry(path, result)
-    print(f"tune: largest fit {largest}, margin cap {cap}; limit {chosen.micro} "
-          f"({chosen.samples_per_s:.1f} samples/s) written to {path}", file=out, flush=True)
+    print(
+        f"tune: largest fit {largest}, margin cap {cap}; limit {chosen.micro} "
+        f"({chosen.samples_per_s:.1f} samples/s) written to {path}",
+        file=out,
+        flush=True,
+    )
     return result

@@ -8,7 +8,8 @@ more than ``max_trials`` candidates. A safety margin caps the result at ``larges
 runs longer than a trial (validation and checkpoint peaks, fragmentation, DDP's gradient buckets: the trial runs
 one process). Throughput often peaks below the memory maximum, between the powers of two the search measured, so
 up to ``refine_trials`` more candidates probe around the fastest one, and the ``confirm_trials`` fastest are
-measured twice; of the candidates that fit below the cap, the fastest (samples/s) is the limit. The entry goes into the recipe's tuned table with how it was measured.
+measured twice; of the candidates that fit below the cap, the fastest (samples/s) is the limit. The entry goes into
+the recipe's tuned table with how it was measured.
 
 Lightning's batch-size finder is not used: it refuses distributed strategies, tunes inside the live process (an
 OOM can leave it unusable, and a kill ends everything), and in 2.6.6 returns ``max_val`` untried.
@@ -43,14 +44,18 @@ class TuneSettings:
     confirm_trials: int = 3
 
     def __post_init__(self) -> None:
-        checks = [(self.budget_gb > 0, "tune.budget_gb must be > 0"),
-                  (0 <= self.margin < 1, "tune.margin must be in [0, 1)"),
-                  (1 <= self.start <= self.max_micro, "need 1 <= tune.start <= tune.max_micro"),
-                  (self.max_trials >= 2, "tune.max_trials must be >= 2"),
-                  (0 <= self.resolution < 1 and 0 <= self.tie < 1, "tune.resolution and tune.tie are in [0, 1)"),
-                  (self.trial_timeout_s > 0, "tune.trial_timeout_s must be > 0"),
-                  (self.refine_trials >= 0 and self.confirm_trials >= 0,
-                   "tune.refine_trials and tune.confirm_trials must be >= 0")]
+        checks = [
+            (self.budget_gb > 0, "tune.budget_gb must be > 0"),
+            (0 <= self.margin < 1, "tune.margin must be in [0, 1)"),
+            (1 <= self.start <= self.max_micro, "need 1 <= tune.start <= tune.max_micro"),
+            (self.max_trials >= 2, "tune.max_trials must be >= 2"),
+            (0 <= self.resolution < 1 and 0 <= self.tie < 1, "tune.resolution and tune.tie are in [0, 1)"),
+            (self.trial_timeout_s > 0, "tune.trial_timeout_s must be > 0"),
+            (
+                self.refine_trials >= 0 and self.confirm_trials >= 0,
+                "tune.refine_trials and tune.confirm_trials must be >= 0",
+            ),
+        ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
@@ -87,8 +92,11 @@ def search(run: Callable[[int], Trial], settings: TuneSettings) -> List[Trial]:
         else:
             misfit = micro
             break
-    while misfit is not None and misfit - fit > max(1, math.floor(fit * settings.resolution)) and \
-            len(trials) < settings.max_trials:
+    while (
+        misfit is not None
+        and misfit - fit > max(1, math.floor(fit * settings.resolution))
+        and len(trials) < settings.max_trials
+    ):
         micro = (fit + misfit) // 2
         if attempt(micro).fits:
             fit = micro
@@ -113,7 +121,7 @@ def refine(run: Callable[[int], Trial], trials: List[Trial], settings: TuneSetti
         ordered = sorted(fitting)
         best = max(ordered, key=lambda m: fitting[m])
         at = ordered.index(best)
-        neighbours = ordered[max(0, at - 1):at] + ordered[at + 1:at + 2]
+        neighbours = ordered[max(0, at - 1) : at] + ordered[at + 1 : at + 2]
         tried = {t.micro for t in trials}
         points = [p for p in ((best + n) // 2 for n in neighbours) if p not in tried]
         if not points:
@@ -132,14 +140,22 @@ def confirm(run: Callable[[int], Trial], trials: List[Trial], settings: TuneSett
     that does not fit the second time is dropped (memory that close to the edge is no limit to rely on).
     """
     _, _, cap = choose(trials, settings)
-    contenders = sorted((t for t in trials if t.fits and t.samples_per_s and t.micro <= cap),
-                        key=lambda t: -(t.samples_per_s or 0.0))[:settings.confirm_trials]
+    contenders = sorted(
+        (t for t in trials if t.fits and t.samples_per_s and t.micro <= cap), key=lambda t: -(t.samples_per_s or 0.0)
+    )[: settings.confirm_trials]
     for first in contenders:
         again = run(first.micro)
         trials.remove(first)
         if again.fits and again.samples_per_s and first.samples_per_s:
-            trials.append(Trial(first.micro, True, samples_per_s=(first.samples_per_s + again.samples_per_s) / 2,
-                                seconds=first.seconds + again.seconds, peak_rss_mb=again.peak_rss_mb))
+            trials.append(
+                Trial(
+                    first.micro,
+                    True,
+                    samples_per_s=(first.samples_per_s + again.samples_per_s) / 2,
+                    seconds=first.seconds + again.seconds,
+                    peak_rss_mb=again.peak_rss_mb,
+                )
+            )
         else:
             trials.append(again)
     return trials

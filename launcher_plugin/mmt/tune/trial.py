@@ -1,7 +1,7 @@
 """One tuning trial: run a recipe for a few steps at one micro-batch, in this fresh process, under a memory budget.
 
-``python -m mmt.tune.trial <spec.json>``, started by ``mmt.tune.runner`` once per candidate, so that running out of memory
-(or being killed) ends the trial and not the search. Writes ``spec["result"]`` (JSON) and exits 0 when the
+``python -m mmt.tune.trial <spec.json>``, started by ``mmt.tune.runner`` once per candidate, so that running out of
+memory (or being killed) ends the trial and not the search. Writes ``spec["result"]`` (JSON) and exits 0 when the
 candidate fits, 3 when it ran out of memory, 1 on any other error.
 
 How the budget is enforced:
@@ -98,16 +98,20 @@ def run(spec: Dict[str, Any]) -> int:
         result = instantiate(spec["recipe"], _convert_="all")
         rate = result.get("samples_per_s") if isinstance(result, dict) else None
         if not isinstance(rate, (int, float)) or rate <= 0:
-            raise RuntimeError(f"the recipe returned no samples_per_s (got {result!r:.200}); a tunable recipe "
-                               "returns a dict with the samples per second of its training steps")
+            raise RuntimeError(
+                f"the recipe returned no samples_per_s (got {result!r:.200}); a tunable recipe "
+                "returns a dict with the samples per second of its training steps"
+            )
         _write(spec["result"], {"status": "fits", "samples_per_s": float(rate), "peak_rss_mb": _peak_rss_mb()})
         return 0
     except BaseException as exc:  # the trial's outcome, whatever it is, is the answer
         oom = _is_oom(exc)
         traceback.print_exc()
         try:
-            _write(spec["result"], {"status": "oom" if oom else "error", "error": _summary(exc),
-                                    "peak_rss_mb": _peak_rss_mb()})
+            _write(
+                spec["result"],
+                {"status": "oom" if oom else "error", "error": _summary(exc), "peak_rss_mb": _peak_rss_mb()},
+            )
         except BaseException:  # no memory left even for that: the exit code still tells
             pass
         return OOM_EXIT if oom else 1

@@ -167,8 +167,11 @@ def command_task(command: str) -> Callable[[Any], Dict[str, Any]]:
             left = stop_descendants()
             signal.signal(signal.SIGTERM, previous)
         if left:
-            print(f"mmt: stopped {len(left)} process(es) the command left running: {sorted(left)}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"mmt: stopped {len(left)} process(es) the command left running: {sorted(left)}",
+                file=sys.stderr,
+                flush=True,
+            )
         if reason is None and code != 0 and guard is not None:
             cause = guard.check_job()
             if cause is not None:

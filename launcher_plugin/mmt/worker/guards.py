@@ -26,9 +26,9 @@ import warnings
 from typing import Any, Callable, Optional, Tuple
 from urllib.parse import urlparse
 
+from mmt.core.rank_env import MASTER_ADDR, MASTER_PORT, MMT_JOB_DIR, RANK, WORLD_SIZE
 from mmt.planning.environment import NOT_EMPTY_WARNING, SRUN_WARNING
 from mmt.planning.plan import JobPlan
-from mmt.core.rank_env import MASTER_ADDR, MASTER_PORT, MMT_JOB_DIR, RANK, WORLD_SIZE
 
 _DISTRIBUTED = "torch.distributed"
 
@@ -38,9 +38,11 @@ class TopologyMismatchError(RuntimeError):
 
 
 def _wiring_hint(plan: JobPlan) -> str:
-    return (f"HINT: wire the framework's topology to mmt's, e.g. in YAML trainer.num_nodes=${{num_nodes}} "
-            f"trainer.devices=${{devices}} (or Trainer(num_nodes={plan.num_nodes}, devices={plan.devices}) from "
-            "mmt.RankInfo.from_env()); and no ddp_spawn/ddp_fork/ddp_notebook strategy: mmt starts the ranks")
+    return (
+        f"HINT: wire the framework's topology to mmt's, e.g. in YAML trainer.num_nodes=${{num_nodes}} "
+        f"trainer.devices=${{devices}} (or Trainer(num_nodes={plan.num_nodes}, devices={plan.devices}) from "
+        "mmt.RankInfo.from_env()); and no ddp_spawn/ddp_fork/ddp_notebook strategy: mmt starts the ranks"
+    )
 
 
 def check_topology(plan: JobPlan, world_size: Any, rank: Any) -> None:
@@ -53,7 +55,8 @@ def check_topology(plan: JobPlan, world_size: Any, rank: Any) -> None:
         f"torch.distributed.init_process_group(world_size={asked_world}, rank={asked_rank}) in a process mmt "
         f"started as rank {expected_rank} of WORLD_SIZE={expected_world} ({plan.num_nodes} nodes x "
         f"{plan.devices} devices): the framework was given another topology than the job's, and its process "
-        f"group would wait for ranks that never come. {_wiring_hint(plan)}")
+        f"group would wait for ranks that never come. {_wiring_hint(plan)}"
+    )
 
 
 def store_address(init_method: Any, store: Any) -> Optional[Tuple[str, int]]:
@@ -88,8 +91,10 @@ def wait_until_listening(address: Tuple[str, int], timeout_s: float) -> bool:
 def _wait_for_rank_zero(args: Any, kwargs: Any) -> None:
     if os.environ.get(RANK, "0") == "0":
         return  # rank 0 starts the store
-    address = store_address(kwargs.get("init_method", args[1] if len(args) > 1 else None),
-                            kwargs.get("store", args[5] if len(args) > 5 else None))
+    address = store_address(
+        kwargs.get("init_method", args[1] if len(args) > 1 else None),
+        kwargs.get("store", args[5] if len(args) > 5 else None),
+    )
     timeout = kwargs.get("timeout", args[2] if len(args) > 2 else None)
     if address is not None:
         wait_until_listening(address, timeout.total_seconds() if timeout is not None else 1800.0)
@@ -153,8 +158,9 @@ def _quiet_wrong_warnings() -> None:
     job_dir = os.environ.get(MMT_JOB_DIR)
     if job_dir:
         prefix, rest = NOT_EMPTY_WARNING.split("{job_dir}")
-        warnings.filterwarnings("ignore", message=re.escape(prefix) + re.escape(job_dir.rstrip("/")) + "/?"
-                                + re.escape(rest))
+        warnings.filterwarnings(
+            "ignore", message=re.escape(prefix) + re.escape(job_dir.rstrip("/")) + "/?" + re.escape(rest)
+        )
 
 
 def install(plan: JobPlan) -> None:

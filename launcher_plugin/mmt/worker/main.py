@@ -71,8 +71,11 @@ def _write_hydra_dir(payload: JobPayload) -> None:
     names = plan.secret_names
     whole = masked_config(OmegaConf.to_container(config, resolve=False), names)
     task = {k: v for k, v in whole.items() if k != "hydra"}
-    files = {"config.yaml": task, "hydra.yaml": {"hydra": whole["hydra"]},
-             "overrides.yaml": whole["hydra"]["overrides"]["task"]}
+    files = {
+        "config.yaml": task,
+        "hydra.yaml": {"hydra": whole["hydra"]},
+        "overrides.yaml": whole["hydra"]["overrides"]["task"],
+    }
     target = Path(plan.job_dir) / str(subdir)
     for name, content in files.items():
         write_atomic(target / name, OmegaConf.to_yaml(OmegaConf.create(content)).encode(), private=True)
@@ -126,8 +129,9 @@ def error_record(exc: BaseException) -> ErrorRecord:
     exception = f"{type(root).__qualname__}: {message}" if message else type(root).__qualname__
     trace = "".join(traceback.format_exception(exc))
     if isinstance(exc, CommandFailedError):  # the command's own status, which says more than the process's
-        return ErrorRecord(exception=exception, traceback=trace, command=True, exit_code=exc.exit_code,
-                           signal=exc.signal)
+        return ErrorRecord(
+            exception=exception, traceback=trace, command=True, exit_code=exc.exit_code, signal=exc.signal
+        )
     return ErrorRecord(exception=exception, traceback=trace)
 
 
@@ -159,14 +163,21 @@ def run(attempt: Attempt, index: int) -> int:
     primary = index == 0
     # run_job only uses the callbacks; the launcher's config loader is not shipped (it is large, and ranks never
     # compose); only the primary fires the job callbacks
-    context = HydraContext(config_loader=None,  # type: ignore[arg-type]
-                           callbacks=payload.callbacks if primary else Callbacks())
+    context = HydraContext(
+        config_loader=None,  # type: ignore[arg-type]
+        callbacks=payload.callbacks if primary else Callbacks(),
+    )
     if primary:
         _write_hydra_dir(payload)
     plan = payload.plan
     task = payload.task_function if plan.command is None else command_task(plan.command)
-    ret = run_job(hydra_context=context, task_function=task, config=_process_config(payload.config, primary),
-                  job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    ret = run_job(
+        hydra_context=context,
+        task_function=task,
+        config=_process_config(payload.config, primary),
+        job_dir_key="hydra.sweep.dir",
+        job_subdir_key="hydra.sweep.subdir",
+    )
     failed = ret.status != JobStatus.COMPLETED
     if failed and isinstance(ret._return_value, preemption.Requeued):
         print(f"mmt: {ret._return_value}", flush=True)

@@ -15,27 +15,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional
 
-from mmt.core import proctree
+from omegaconf import DictConfig
+
 from mmt.agent.client import AgentClient, AgentGone
 from mmt.agent.processes import ProcessSpec
 from mmt.agent.server import StartJob
 from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission
 from mmt.backends.local import records
-from mmt.backends.local.watch import LocalWatcher
-from mmt.records.outcome import JobOutcome
-from mmt.core.states import JobState
 from mmt.backends.local.host import PortReservations, cpu_cores, visible_gpus
+from mmt.backends.local.watch import LocalWatcher
+from mmt.core import proctree
 from mmt.core.errors import ConfigError
-from mmt.core.states import StartMethod, values
 from mmt.core.jobdir import JobDir
-from mmt.records.outcome import first_failure, running_detail
+from mmt.core.rank_env import MMT_JOB_ID
+from mmt.core.states import JobState, StartMethod, values
 from mmt.planning import validate as check
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.plan import JobPlan, Limits
-from mmt.core.rank_env import MMT_JOB_ID
+from mmt.records.outcome import JobOutcome, first_failure, running_detail
 from mmt.records.reconcile import request_stop
 from mmt.records.registry import JobRecord, Registry
-from omegaconf import DictConfig
 
 # one host runs every process of a local job; beyond this a sweep of "nodes" is a fork bomb, not a simulation
 MAX_LOCAL_PROCESSES = 1024
@@ -54,12 +53,19 @@ class LocalSettings:
     def from_config(cls, cfg: Any) -> "LocalSettings":
         limit = cfg.max_parallel_ranks
         return cls(
-            max_parallel_ranks=max(4, cpu_cores()) if limit is None else check.whole_number(
-                "hydra.launcher.max_parallel_ranks", limit, 1, "e.g. hydra.launcher.max_parallel_ranks=8"),
+            max_parallel_ranks=max(4, cpu_cores())
+            if limit is None
+            else check.whole_number(
+                "hydra.launcher.max_parallel_ranks", limit, 1, "e.g. hydra.launcher.max_parallel_ranks=8"
+            ),
             master_addr=check.host_address("hydra.launcher.master_addr", cfg.master_addr),
             start_method=check.choice("hydra.launcher.start_method", cfg.start_method, values(StartMethod)),
-            kill_grace_s=check.positive_number("hydra.launcher.kill_grace_s", cfg.kill_grace_s,
-                                               "seconds between SIGTERM and SIGKILL, e.g. 1", maximum=3600),
+            kill_grace_s=check.positive_number(
+                "hydra.launcher.kill_grace_s",
+                cfg.kill_grace_s,
+                "seconds between SIGTERM and SIGKILL, e.g. 1",
+                maximum=3600,
+            ),
         )
 
 
@@ -115,27 +121,43 @@ class LocalBackend(Backend[LocalJob]):
 
     @property
     def limits(self) -> Limits:
-        return Limits(max_nodes=MAX_LOCAL_PROCESSES, max_devices=MAX_LOCAL_PROCESSES, max_world=MAX_LOCAL_PROCESSES,
-                      why="cluster=local runs every process of a job on this host")
+        return Limits(
+            max_nodes=MAX_LOCAL_PROCESSES,
+            max_devices=MAX_LOCAL_PROCESSES,
+            max_world=MAX_LOCAL_PROCESSES,
+            why="cluster=local runs every process of a job on this host",
+        )
 
     def problems(self, plan: JobPlan) -> List[ConfigError]:
         found = []
         if plan.image is not None:
-            found.append(ConfigError(
-                "image", plan.image, "cluster=local runs every node in this host's Python environment and uses "
-                "no container runtime", "drop image=... to run here, or submit with cluster=slurm, which runs "
-                "images through pyxis or apptainer"))
+            found.append(
+                ConfigError(
+                    "image",
+                    plan.image,
+                    "cluster=local runs every node in this host's Python environment and uses no container runtime",
+                    "drop image=... to run here, or submit with cluster=slurm, which runs "
+                    "images through pyxis or apptainer",
+                )
+            )
         needed = plan.world_size if plan.machine.gpus else 0
         if needed > len(self.host_gpus):
-            found.append(ConfigError(
-                "machine", plan.machine.name, f"{plan.num_nodes} nodes x {plan.devices} GPUs need {needed} GPUs "
-                f"on this host (cluster=local) but it has {len(self.host_gpus)}",
-                "simulate on CPU with machine=cpu, use fewer nodes/devices, or cluster=slurm"))
+            found.append(
+                ConfigError(
+                    "machine",
+                    plan.machine.name,
+                    f"{plan.num_nodes} nodes x {plan.devices} GPUs need {needed} GPUs "
+                    f"on this host (cluster=local) but it has {len(self.host_gpus)}",
+                    "simulate on CPU with machine=cpu, use fewer nodes/devices, or cluster=slurm",
+                )
+            )
         return found
 
     def describe(self, plan: JobPlan) -> List[str]:
-        lines = [f"  backend    local: {plan.num_nodes:,} simulated nodes on this host, MASTER_ADDR="
-                 f"{self.settings.master_addr}, start_method={self.settings.start_method}"]
+        lines = [
+            f"  backend    local: {plan.num_nodes:,} simulated nodes on this host, MASTER_ADDR="
+            f"{self.settings.master_addr}, start_method={self.settings.start_method}"
+        ]
         return lines + [f"  WARNING    {problem}" for problem in self.problems(plan)]
 
     # ------------------------------------------------------------------------------------------ the interface
@@ -210,29 +232,55 @@ class LocalBackend(Backend[LocalJob]):
         job_dir = JobDir(Path(plan.job_dir))
         job_dir.logs.mkdir(parents=True, exist_ok=True)
         # every simulated node is this host: one address for all, a port of its own for every framework worker
-        rendezvous = Rendezvous(self.settings.master_addr, job.port,
-                                node_addrs=(self.settings.master_addr,) * plan.num_nodes,
-                                framework_ports=tuple(job.framework_ports))
+        rendezvous = Rendezvous(
+            self.settings.master_addr,
+            job.port,
+            node_addrs=(self.settings.master_addr,) * plan.num_nodes,
+            framework_ports=tuple(job.framework_ports),
+        )
         cores_per_node = max(1, cpu_cores() // plan.num_nodes)  # simulated nodes share this host's cores
         specs = []
         for index, place in enumerate(plan.places()):
-            env = process_env(plan, place, rendezvous=rendezvous, inherited=os.environ,
-                              copied=job.submission.copied_env, cores_per_node=cores_per_node, python=self.python)
+            env = process_env(
+                plan,
+                place,
+                rendezvous=rendezvous,
+                inherited=os.environ,
+                copied=job.submission.copied_env,
+                cores_per_node=cores_per_node,
+                python=self.python,
+            )
             if job.gpus:  # node n sees its own devices; LOCAL_RANK indexes into them
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus[place.node_rank * plan.devices:][:plan.devices])
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus[place.node_rank * plan.devices :][: plan.devices])
             elif self.host_gpus:
                 env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU job on a GPU host keeps its hands off the GPUs
-            specs.append(ProcessSpec(job_id=plan.job_id, index=index, node_rank=place.node_rank,
-                                     attempt_dir=str(job.attempt.dir), env=env, cwd=os.getcwd(),
-                                     log=str(job_dir.log(place.node_rank, place.rank, plan.per_node))))
+            specs.append(
+                ProcessSpec(
+                    job_id=plan.job_id,
+                    index=index,
+                    node_rank=place.node_rank,
+                    attempt_dir=str(job.attempt.dir),
+                    env=env,
+                    cwd=os.getcwd(),
+                    log=str(job_dir.log(place.node_rank, place.rank, plan.per_node)),
+                )
+            )
         job.started = time.monotonic()
         job.deadline = job.started + plan.timeout_s
         job.state = JobState.RUNNING
         job.running = set(range(len(specs)))
         self.jobs[plan.job_id] = job
-        self.agent.start(StartJob(job_id=plan.job_id, job_dir=plan.job_dir, attempt_dir=str(job.attempt.dir),
-                                  kill_grace_s=self.settings.kill_grace_s, preload=plan.preload,
-                                  processes=tuple(specs), metrics_interval_s=plan.metrics_interval_s))
+        self.agent.start(
+            StartJob(
+                job_id=plan.job_id,
+                job_dir=plan.job_dir,
+                attempt_dir=str(job.attempt.dir),
+                kill_grace_s=self.settings.kill_grace_s,
+                preload=plan.preload,
+                processes=tuple(specs),
+                metrics_interval_s=plan.metrics_interval_s,
+            )
+        )
 
     def _stop(self, job: LocalJob, status: JobState, detail: str) -> None:
         if job.stop_sent is not None:
@@ -297,6 +345,12 @@ class LocalBackend(Backend[LocalJob]):
             ended = time.monotonic()
             status = job.stop_status if job.stop_status is not None else JobState.FAILED
             detail = job.stop_detail if job.stop_status is not None else f"{why}; its processes were stopped"
-            self._conclude(job, JobOutcome(status, ended - (job.started or ended), detail=detail,
-                                           failure=first_failure(job.plan, job.attempt)
-                                           if status == JobState.FAILED else None))
+            self._conclude(
+                job,
+                JobOutcome(
+                    status,
+                    ended - (job.started or ended),
+                    detail=detail,
+                    failure=first_failure(job.plan, job.attempt) if status == JobState.FAILED else None,
+                ),
+            )

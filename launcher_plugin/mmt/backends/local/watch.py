@@ -35,11 +35,17 @@ class LocalWatcher(Watcher[WatchedLocalJob]):
         try:
             plan = read_plan(attempt)
         except (FileNotFoundError, NotADirectoryError):
-            raise UsageError(f"{record.name}: its records in {record.job_dir} are gone (did the job delete its own "
-                             f"dir?), so it cannot be followed from here. HINT: `mmt list`, `mmt inspect "
-                             f"{record.name}` and `mmt stop {record.name}` still can") from None
-        return WatchedLocalJob(submission=Submission(plan=plan, attempt=attempt), name=record.name,
-                               supervisor_pid=record.supervisor_pid, record=record)
+            raise UsageError(
+                f"{record.name}: its records in {record.job_dir} are gone (did the job delete its own "
+                f"dir?), so it cannot be followed from here. HINT: `mmt list`, `mmt inspect "
+                f"{record.name}` and `mmt stop {record.name}` still can"
+            ) from None
+        return WatchedLocalJob(
+            submission=Submission(plan=plan, attempt=attempt),
+            name=record.name,
+            supervisor_pid=record.supervisor_pid,
+            record=record,
+        )
 
     def poll(self, handle: WatchedLocalJob) -> JobSnapshot:
         if handle.outcome is None:
@@ -51,8 +57,11 @@ class LocalWatcher(Watcher[WatchedLocalJob]):
                 handle.outcome = outcome_of_record(result)
             elif not held:
                 handle.outcome = JobOutcome(
-                    JobState.FAILED, None, detail=f"its supervisor (pid {handle.supervisor_pid}) ended without "
-                    "concluding it (killed?); its processes died with it")
+                    JobState.FAILED,
+                    None,
+                    detail=f"its supervisor (pid {handle.supervisor_pid}) ended without "
+                    "concluding it (killed?); its processes died with it",
+                )
         state = handle.outcome.status if handle.outcome else JobState.RUNNING
         return JobSnapshot(state=state, outcome=handle.outcome)
 
