@@ -670,7 +670,7 @@ def swept_parameters(jobs: list[dict[str, Any]]) -> dict[str, Any]:
         categories = None if numeric else list(dict.fromkeys("" if v is None else v for v in values))
         points = []
         for job, value in zip(jobs, values):
-            x = to_number(value) if categories is None else categories.index("" if value is None else value)
+            x = to_number(value or "") if categories is None else categories.index("" if value is None else value)
             points.append(
                 {
                     "job": job["id"],
