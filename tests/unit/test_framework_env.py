@@ -265,7 +265,7 @@ def test_slurm_framework_ports_neighbouring_jobs_never_share_and_a_jobs_are_dist
 def test_slurm_refuses_more_tensorflow_workers_per_node_than_its_port_window():
     from mmt.backends.slurm.backend import SlurmBackend
 
-    backend = object.__new__(SlurmBackend)  # problems() needs no settings
+    backend = SlurmBackend.watcher()  # default settings: nothing is submitted
     problems = backend.problems(_plan(num_nodes=1, devices=FRAMEWORK_PORT_WINDOW + 1, framework="tensorflow"))
     assert any("at most 8 workers per node" in str(p) for p in problems), problems
 

@@ -132,8 +132,11 @@ class JobProcesses:
             self.ended = True
             return
         if self._sweep_deadline is None:
-            grace = self.kill_grace_s if self.stopping_since is None else \
-                max(0.0, self.stopping_since + self.kill_grace_s - now)
+            grace = (
+                self.kill_grace_s
+                if self.stopping_since is None
+                else max(0.0, self.stopping_since + self.kill_grace_s - now)
+            )
             self._sweep_deadline = now + grace
             sig = signal.SIGTERM
         elif now >= self._sweep_deadline:

@@ -16,12 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Tuple
 
-from mmt.core import proctree
-
-from mmt.core import preemption
 from mmt.agent.jobs import JobProcesses
 from mmt.agent.metrics import JobMetrics
 from mmt.agent.processes import ProcessSpec, Spawner
+from mmt.core import preemption, proctree
 from mmt.core.jobdir import Attempt
 
 _TICK_S = 0.05

@@ -264,8 +264,11 @@ def _run(args: argparse.Namespace) -> int:
         }
         where = item.backend + (f", SLURM job {item.scheduler_id}" if item.scheduler_id else "")
         follow = f"mmt logs {facts['name']} -f | mmt wait {facts['name']}"
-        print(json.dumps(facts) if args.json else f"mmt: {facts['name']} submitted ({where}): {facts['dir']}\n"
-              f"     follow it: {follow}")
+        print(
+            json.dumps(facts)
+            if args.json
+            else f"mmt: {facts['name']} submitted ({where}): {facts['dir']}\n     follow it: {follow}"
+        )
     return 0
 
 

@@ -10,9 +10,10 @@ checkpointed twice, requeued twice, or killed while saving (submitit #1709, Ligh
   (:func:`mmt.lightning.cluster_environment`); the node agent forwards the signal to the ranks it forked;
 * the handler only sets a flag (and, the first time, writes one line with ``os.write``: a ``print`` there could
   re-enter the ``sys.stdout`` the rank was writing to and crash it) and acknowledges the signal in a file, so that
-  the node agent forwards it only to a rank SLURM itself did not reach (each rank takes it once); training code (``mmt.lightning.RequeueOnSignal``) agrees on it across ranks at
-  a step boundary, checkpoints at the next epoch end (where Lightning resumes exactly), and calls
-  :func:`requeue`; the requeued job starts again in the same output dir and resumes from that checkpoint.
+  the node agent forwards it only to a rank SLURM itself did not reach (each rank takes it once); training code
+  (``mmt.lightning.RequeueOnSignal``) agrees on it across ranks at a step boundary, checkpoints at the next epoch
+  end (where Lightning resumes exactly), and calls :func:`requeue`; the requeued job starts again in the same
+  output dir and resumes from that checkpoint.
 
 Outside an mmt SLURM task nothing is installed and :func:`requested` is always False.
 """
@@ -50,8 +51,9 @@ def _handle(signum: int, _frame: object) -> None:
     try:
         if ack:
             os.close(os.open(ack, os.O_WRONLY | os.O_CREAT, 0o600))
-        os.write(1, f"mmt: received {signal.Signals(signum).name}: checkpoint and requeue at the next epoch "
-                    "end\n".encode())
+        os.write(
+            1, f"mmt: received {signal.Signals(signum).name}: checkpoint and requeue at the next epoch end\n".encode()
+        )
     except OSError:
         pass
 

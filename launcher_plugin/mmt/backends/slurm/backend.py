@@ -16,27 +16,30 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
+from omegaconf import DictConfig
+
 from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission, Watcher
-
-from mmt.records.outcome import JobOutcome
-
-from mmt.core.states import JobState
-from mmt.backends.slurm import pending, queue
+from mmt.backends.slurm import pending, queue, records
 from mmt.backends.slurm.conclusion import conclude
-from mmt.backends.slurm import records
-from mmt.backends.slurm.sbatch import (SlurmSettings, job_name_for, python_command, render_script, sbatch_parameters,
-                                         signal_delay_problem, tasks_per_node)
-from mmt.backends.slurm.task import (FRAMEWORK_PORT_BASE, FRAMEWORK_PORT_SLOTS, FRAMEWORK_PORT_WINDOW,
-                                     SlurmTask)
+from mmt.backends.slurm.sbatch import (
+    SlurmSettings,
+    job_name_for,
+    python_command,
+    render_script,
+    sbatch_parameters,
+    signal_delay_problem,
+    tasks_per_node,
+)
+from mmt.backends.slurm.task import FRAMEWORK_PORT_BASE, FRAMEWORK_PORT_SLOTS, FRAMEWORK_PORT_WINDOW, SlurmTask
 from mmt.core.errors import ConfigError, MMTError
-from mmt.core.jobdir import Attempt, JobDir, make_private_dir
-from mmt.records.outcome import all_succeeded
+from mmt.core.jobdir import JobDir, make_private_dir
+from mmt.core.states import JobState
 from mmt.planning.plan import JobPlan, Limits
+from mmt.records.outcome import JobOutcome, all_succeeded
 from mmt.records.payload import read_plan
 from mmt.records.registry import JobRecord, Registry
 from mmt.records.scheduler import SchedulerRecord, clock, read_scheduler, write_scheduler
 from mmt.records.schema import OwnerRecord
-from omegaconf import DictConfig
 
 _TOOLS = ("sbatch", "squeue", "scancel", "scontrol")
 
@@ -67,8 +70,6 @@ def job_name(plan: JobPlan) -> str:
     return job_name_for(plan.name)
 
 
-
-
 @contextmanager
 def _private_files() -> Iterator[None]:
     """submitit's pickles hold the job's config and copied secrets: created readable by the owner only."""
@@ -92,7 +93,7 @@ def _executor_class() -> Any:
 
         setsid = shutil.which("setsid")
 
-        class SessionSlurmExecutor(submitit.SlurmExecutor):  # type: ignore[misc]
+        class SessionSlurmExecutor(submitit.SlurmExecutor):
             def _make_submission_command(self, submission_file_path: Path) -> List[str]:
                 command = super()._make_submission_command(submission_file_path)
                 return [setsid, *command] if setsid else command
@@ -139,40 +140,64 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
 
     @property
     def limits(self) -> Limits:
-        return Limits(max_nodes=100_000, max_devices=1_024, max_world=10_000_000,
-                      why="mmt's bound for one SLURM job; sbatch refuses what the cluster cannot run")
+        return Limits(
+            max_nodes=100_000,
+            max_devices=1_024,
+            max_world=10_000_000,
+            why="mmt's bound for one SLURM job; sbatch refuses what the cluster cannot run",
+        )
 
     def problems(self, plan: JobPlan) -> List[ConfigError]:
         found = []
         if plan.framework == "tensorflow" and plan.processes_per_node > FRAMEWORK_PORT_WINDOW:
-            found.append(ConfigError(
-                "hydra.launcher.framework", plan.framework, f"on SLURM each TensorFlow worker's port derives from "
-                f"the job id, from a window of {FRAMEWORK_PORT_WINDOW} per job: at most {FRAMEWORK_PORT_WINDOW} "
-                f"workers per node, not {plan.processes_per_node}", "use fewer devices per node and more nodes"))
+            found.append(
+                ConfigError(
+                    "hydra.launcher.framework",
+                    plan.framework,
+                    f"on SLURM each TensorFlow worker's port derives from "
+                    f"the job id, from a window of {FRAMEWORK_PORT_WINDOW} per job: at most {FRAMEWORK_PORT_WINDOW} "
+                    f"workers per node, not {plan.processes_per_node}",
+                    "use fewer devices per node and more nodes",
+                )
+            )
         delay = signal_delay_problem(plan, self.settings)
         if delay is not None:
             found.append(delay)
         missing = [tool for tool in _TOOLS if shutil.which(tool) is None]
         if missing:
-            found.append(ConfigError(
-                "cluster", "slurm", f"SLURM's commands are not on PATH ({', '.join(missing)} missing)",
-                "run on a SLURM login node, or start the local test cluster: "
-                "scripts/slurm_cluster.sh start && eval \"$(scripts/slurm_cluster.sh env)\""))
+            found.append(
+                ConfigError(
+                    "cluster",
+                    "slurm",
+                    f"SLURM's commands are not on PATH ({', '.join(missing)} missing)",
+                    "run on a SLURM login node, or start the local test cluster: "
+                    'scripts/slurm_cluster.sh start && eval "$(scripts/slurm_cluster.sh env)"',
+                )
+            )
         return found
 
     def describe(self, plan: JobPlan) -> List[str]:
         attempt = JobDir(Path(plan.job_dir)).attempt("<attempt>")
         script = render_script(plan, self.settings, self.project_dir, job_name(plan), attempt)
         srun = next(line for line in script.splitlines() if line.startswith("srun "))
-        layout = ("one task per node: the node agent forks the node's ranks" if self.settings.agent_per_node
-                  else "one task per rank")
-        lines = [f"  backend    slurm: {tasks_per_node(plan, self.settings)} task(s) per node ({layout}); "
-                 "MASTER_ADDR=<first node of the allocation>, MASTER_PORT=10000 + job id % 20000 (held by node 0)",
-                 f"  srun       {srun}", "  sbatch script:"]
+        layout = (
+            "one task per node: the node agent forks the node's ranks"
+            if self.settings.agent_per_node
+            else "one task per rank"
+        )
+        lines = [
+            f"  backend    slurm: {tasks_per_node(plan, self.settings)} task(s) per node ({layout}); "
+            "MASTER_ADDR=<first node of the allocation>, MASTER_PORT=10000 + job id % 20000 (held by node 0)",
+            f"  srun       {srun}",
+            "  sbatch script:",
+        ]
         if plan.framework_port_count:
-            lines.insert(1, f"  framework  {plan.framework}: {plan.framework_port_count} port(s) = "
-                            f"{FRAMEWORK_PORT_BASE} + (job id % {FRAMEWORK_PORT_SLOTS}) x {FRAMEWORK_PORT_WINDOW} + "
-                            f"process % {FRAMEWORK_PORT_WINDOW}, each held by its node's agent")
+            lines.insert(
+                1,
+                f"  framework  {plan.framework}: {plan.framework_port_count} port(s) = "
+                f"{FRAMEWORK_PORT_BASE} + (job id % {FRAMEWORK_PORT_SLOTS}) x {FRAMEWORK_PORT_WINDOW} + "
+                f"process % {FRAMEWORK_PORT_WINDOW}, each held by its node's agent",
+            )
         lines += [f"    | {line}" for line in script.rstrip().splitlines()]
         return lines + [f"  WARNING    {problem}" for problem in self.problems(plan)]
 
@@ -186,14 +211,21 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         plan = submission.plan
         folder = Path(self.settings.folder.split("%j")[0])
         make_private_dir(folder)
-        executor = _executor_class()(folder=self.settings.folder, max_num_timeout=0,
-                                     python=python_command(plan, self.settings, self.project_dir))
-        executor.update_parameters(**sbatch_parameters(plan, self.settings, self.project_dir, job_name(plan),
-                                                       submission.attempt))
-        task = SlurmTask(plan=plan, attempt_dir=str(submission.attempt.dir),
-                         per_node_tasks=self.settings.agent_per_node, kill_grace_s=self.settings.kill_grace_s,
-                         start_method=self.settings.start_method, max_requeues=self.settings.max_requeues,
-                         copied_env=dict(submission.copied_env))
+        executor = _executor_class()(
+            folder=self.settings.folder, max_num_timeout=0, python=python_command(plan, self.settings, self.project_dir)
+        )
+        executor.update_parameters(
+            **sbatch_parameters(plan, self.settings, self.project_dir, job_name(plan), submission.attempt)
+        )
+        task = SlurmTask(
+            plan=plan,
+            attempt_dir=str(submission.attempt.dir),
+            per_node_tasks=self.settings.agent_per_node,
+            kill_grace_s=self.settings.kill_grace_s,
+            start_method=self.settings.start_method,
+            max_requeues=self.settings.max_requeues,
+            copied_env=dict(submission.copied_env),
+        )
         with _private_files():
             try:
                 submitted = executor.submit(task)
@@ -202,19 +234,29 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
                 if refused is None:
                     raise
                 raise refused from None
-        job = SlurmJob(submission=submission, job_id=str(submitted.job_id),
-                       stderr=Path(str(submitted.paths.stderr).replace("%t", "0")), submitted=time.monotonic())
+        job = SlurmJob(
+            submission=submission,
+            job_id=str(submitted.job_id),
+            stderr=Path(str(submitted.paths.stderr).replace("%t", "0")),
+            submitted=time.monotonic(),
+        )
         self._watched.append(job)
-        self._notices.append(f"mmt: job {plan.num} ({plan.name}) submitted as SLURM job {job.job_id} "
-                             f"({plan.num_nodes} nodes x {tasks_per_node(plan, self.settings)} tasks); sbatch script "
-                             f"and task logs: {submitted.paths.folder}")
+        self._notices.append(
+            f"mmt: job {plan.num} ({plan.name}) submitted as SLURM job {job.job_id} "
+            f"({plan.num_nodes} nodes x {tasks_per_node(plan, self.settings)} tasks); sbatch script "
+            f"and task logs: {submitted.paths.folder}"
+        )
         return job
 
     def attach(self, record: JobRecord) -> SlurmJob:
         """A job another process submitted, watched from here (``mmt wait``)."""
         attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
-        job = SlurmJob(submission=Submission(plan=read_plan(attempt), attempt=attempt), job_id=str(record.scheduler_id),
-                       stderr=Path("/nonexistent"), submitted=time.monotonic())
+        job = SlurmJob(
+            submission=Submission(plan=read_plan(attempt), attempt=attempt),
+            job_id=str(record.scheduler_id),
+            stderr=Path("/nonexistent"),
+            submitted=time.monotonic(),
+        )
         self._watched.append(job)
         self._next_query = 0.0
         return job
@@ -263,12 +305,16 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         if who != self._unanswered:
             if who is not None:
                 self._unanswered_since = time.time()
-                self._notices.append(f"mmt: {who} is not answering ({_ASKED_WITH[who]} failed) since "
-                                     f"{time.strftime('%H:%M:%S')}; the jobs' states are the last ones seen until it "
-                                     "answers")
+                self._notices.append(
+                    f"mmt: {who} is not answering ({_ASKED_WITH[who]} failed) since "
+                    f"{time.strftime('%H:%M:%S')}; the jobs' states are the last ones seen until it "
+                    "answers"
+                )
             elif self._unanswered is not None:
-                self._notices.append(f"mmt: {self._unanswered} answers again (it did not since "
-                                     f"{clock(self._unanswered_since or time.time())})")
+                self._notices.append(
+                    f"mmt: {self._unanswered} answers again (it did not since "
+                    f"{clock(self._unanswered_since or time.time())})"
+                )
             self._unanswered = who
         for job in jobs:
             if who is not None and job.job_id not in answer.states:
@@ -287,12 +333,15 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
                     job.state = JobState.RUNNING
             if state.restarts > job.restarts:
                 job.restarts = state.restarts
-                self._notices.append(f"mmt: job {job.plan.num} (SLURM {job.job_id}) was requeued (restart "
-                                     f"{state.restarts}); it resumes in {job.plan.job_dir}")
+                self._notices.append(
+                    f"mmt: job {job.plan.num} (SLURM {job.job_id}) was requeued (restart "
+                    f"{state.restarts}); it resumes in {job.plan.job_dir}"
+                )
         if all_succeeded(job.plan, job.attempt):
             # done: SLURM still runs the job's epilog for a second or more, nothing that changes the result
-            self._conclude(job, JobOutcome(JobState.COMPLETED, now - (job.started or job.submitted),
-                                           scheduler_id=job.job_id))
+            self._conclude(
+                job, JobOutcome(JobState.COMPLETED, now - (job.started or job.submitted), scheduler_id=job.job_id)
+            )
             return
         if state is None or not state.final:
             return
@@ -300,12 +349,23 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         never = read_scheduler(job.attempt)
         if never is not None and never.never_starts and job.stopped_because is None:
             # another process (`mmt list`) found it could never start, and cancelled it: FAILED, saying why
-            self._conclude(job, JobOutcome(JobState.FAILED, now - job.submitted, detail=never.message or "",
-                                           scheduler_id=job.job_id))
+            self._conclude(
+                job,
+                JobOutcome(JobState.FAILED, now - job.submitted, detail=never.message or "", scheduler_id=job.job_id),
+            )
             return
-        self._conclude(job, conclude(job.plan, job.attempt, scheduler_id=job.job_id,
-                                     duration_s=now - (job.started or job.submitted), slurm_state=job.final_state,
-                                     stopped_because=job.stopped_because, stderr=job.stderr))
+        self._conclude(
+            job,
+            conclude(
+                job.plan,
+                job.attempt,
+                scheduler_id=job.job_id,
+                duration_s=now - (job.started or job.submitted),
+                slurm_state=job.final_state,
+                stopped_because=job.stopped_because,
+                stderr=job.stderr,
+            ),
+        )
 
     def _note_queue(self, job: SlurmJob, state: queue.JobState) -> None:
         """Why the job waits, shown once per reason (a notice, scheduler.json); a reason that never resolves
@@ -322,14 +382,17 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
             return
         message = pending.check(job.job_id, reason)
         if message is None:
-            self._notices.append(f"mmt: job {job.plan.num} ({job.plan.name}) waits in SLURM's queue (job "
-                                 f"{job.job_id}): {pending.describe(reason)}")
+            self._notices.append(
+                f"mmt: job {job.plan.num} ({job.plan.name}) waits in SLURM's queue (job "
+                f"{job.job_id}): {pending.describe(reason)}"
+            )
             return
         # recorded before the cancel: whoever sees the job CANCELLED next (`mmt list`) concludes it FAILED, saying why
         self._write_view(job, replace(self._view(job), never_starts=True, message=message))
         queue.cancel([job.job_id])
-        self._conclude(job, JobOutcome(JobState.FAILED, time.monotonic() - job.submitted, detail=message,
-                                       scheduler_id=job.job_id))
+        self._conclude(
+            job, JobOutcome(JobState.FAILED, time.monotonic() - job.submitted, detail=message, scheduler_id=job.job_id)
+        )
 
     def _view(self, job: SlurmJob) -> SchedulerRecord:
         if job.view is None:
@@ -357,15 +420,25 @@ def _refusal(exc: Exception, plan: JobPlan, settings: SlurmSettings) -> Optional
         return None
     said = [line.split("error:", 1)[-1].strip() for line in str(exc).splitlines() if line.strip()]
     partition = settings.partition or queue.default_partition()
-    offered = pending.offers(partition, queue.partition_facts(partition), queue.node_kinds(partition)) if partition \
+    offered = (
+        pending.offers(partition, queue.partition_facts(partition), queue.node_kinds(partition))
+        if partition
         else "the default partition could not be found (sinfo)"
-    cpus = settings.cpus_per_task or (max(1, plan.machine.cpus // tasks_per_node(plan, settings))
-                                      if plan.machine.cpus else None)
-    asked = (f"{plan.num_nodes} node(s) x {tasks_per_node(plan, settings)} task(s)"
-             + (f" x {cpus} CPUs" if cpus else "")
-             + (f", {settings.mem_gb} GB per node" if settings.mem_gb else "")
-             + (f", {settings.gpus_per_node or plan.machine.gpus} GPUs per node"
-                if (settings.gpus_per_node or plan.machine.gpus) else "")
-             + f" (machine {plan.machine.name})")
-    return SubmissionRefused(f"{plan.label}: sbatch refused it: {'; '.join(said) or exc}; it asks {asked}; "
-                             f"{offered}. HINT: {pending.HINT}")
+    )
+    cpus = settings.cpus_per_task or (
+        max(1, plan.machine.cpus // tasks_per_node(plan, settings)) if plan.machine.cpus else None
+    )
+    asked = (
+        f"{plan.num_nodes} node(s) x {tasks_per_node(plan, settings)} task(s)"
+        + (f" x {cpus} CPUs" if cpus else "")
+        + (f", {settings.mem_gb} GB per node" if settings.mem_gb else "")
+        + (
+            f", {settings.gpus_per_node or plan.machine.gpus} GPUs per node"
+            if (settings.gpus_per_node or plan.machine.gpus)
+            else ""
+        )
+        + f" (machine {plan.machine.name})"
+    )
+    return SubmissionRefused(
+        f"{plan.label}: sbatch refused it: {'; '.join(said) or exc}; it asks {asked}; {offered}. HINT: {pending.HINT}"
+    )

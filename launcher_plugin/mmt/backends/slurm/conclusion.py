@@ -5,15 +5,13 @@ import signal
 from pathlib import Path
 from typing import Optional
 
-from mmt.records.outcome import JobOutcome
-
-from mmt.core.states import JobState
 from mmt.backends.slurm.queue import GONE
 from mmt.backends.slurm.task import failed_tasks
 from mmt.core.errors import RankFailure
 from mmt.core.jobdir import Attempt, JobDir
-from mmt.records.outcome import all_succeeded, first_failure, missing_result, running_detail
+from mmt.core.states import JobState
 from mmt.planning.plan import JobPlan
+from mmt.records.outcome import JobOutcome, all_succeeded, first_failure, missing_result, running_detail
 
 
 def srun_failure(plan: JobPlan, stderr: Optional[Path]) -> Optional[RankFailure]:
@@ -23,16 +21,23 @@ def srun_failure(plan: JobPlan, stderr: Optional[Path]) -> Optional[RankFailure]
     except OSError:
         reports = []
     for report in reports:
-        if report["exit_code"] is None and report["how"] == "Terminated":
+        if report.exit_code is None and report.how == "Terminated":
             continue  # SLURM's own SIGTERM, after another task failed
-        index = int(report["task"])
+        index = report.task
         if index >= plan.process_count:
             continue
         place = plan.place(index)
         log = JobDir(Path(plan.job_dir)).log(place.node_rank, place.rank, plan.per_node)
-        return RankFailure(rank=place.rank, node_rank=place.node_rank, exit_code=report["exit_code"],
-                           signal=None if report["exit_code"] is not None else str(report["how"]), exception=None,
-                           traceback=None, log=str(log), whole_node=plan.per_node)
+        return RankFailure(
+            rank=place.rank,
+            node_rank=place.node_rank,
+            exit_code=report.exit_code,
+            signal=None if report.exit_code is not None else report.how,
+            exception=None,
+            traceback=None,
+            log=str(log),
+            whole_node=plan.per_node,
+        )
     return None
 
 
@@ -50,9 +55,18 @@ def terminated_at(plan: JobPlan, attempt: Attempt, batch_terminated_at: Optional
     return min(times) if times else None
 
 
-def conclude(plan: JobPlan, attempt: Attempt, *, scheduler_id: str, duration_s: Optional[float],
-             slurm_state: Optional[str], stopped_because: Optional[str] = None, stderr: Optional[Path] = None,
-             time_limit_reached: bool = False, batch_terminated_at: Optional[float] = None) -> JobOutcome:
+def conclude(
+    plan: JobPlan,
+    attempt: Attempt,
+    *,
+    scheduler_id: str,
+    duration_s: Optional[float],
+    slurm_state: Optional[str],
+    stopped_because: Optional[str] = None,
+    stderr: Optional[Path] = None,
+    time_limit_reached: bool = False,
+    batch_terminated_at: Optional[float] = None,
+) -> JobOutcome:
     """``slurm_state``: SLURM's final state (None inside the job, where it is not known yet);
     ``stopped_because``: the launcher cancelled the job, and why; ``batch_terminated_at``: when the batch script got
     SIGTERM (inside the job)."""
@@ -67,7 +81,8 @@ def conclude(plan: JobPlan, attempt: Attempt, *, scheduler_id: str, duration_s: 
     # SIGTERM is not always "from outside" either: srun sends it to the other nodes when one failed.
     signals = (signal.SIGTERM, signal.SIGKILL) if ended_outside and stopped_at is None else (signal.SIGTERM,)
     failure = first_failure(plan, attempt, terminated_at=stopped_at, outside_signals=signals) or (
-        None if ended_outside else srun_failure(plan, stderr))
+        None if ended_outside else srun_failure(plan, stderr)
+    )
     if failure is not None and not stopped_because:
         outcome.status, outcome.failure = JobState.FAILED, failure
         return outcome
@@ -82,8 +97,10 @@ def conclude(plan: JobPlan, attempt: Attempt, *, scheduler_id: str, duration_s: 
         outcome.detail = f"SLURM job {scheduler_id} was cancelled outside the launcher (scancel)"
     elif slurm_state is None and ended_outside:
         outcome.status = JobState.INTERRUPTED
-        outcome.detail = (f"SLURM job {scheduler_id} was stopped from outside (scancel, preemption or a node "
-                          "failure) before its processes ended")
+        outcome.detail = (
+            f"SLURM job {scheduler_id} was stopped from outside (scancel, preemption or a node "
+            "failure) before its processes ended"
+        )
     elif all(attempt.done(i) == 0 for i in range(plan.process_count)):
         outcome.status, outcome.failure = JobState.FAILED, missing_result(plan)
     else:

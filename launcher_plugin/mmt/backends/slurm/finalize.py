@@ -49,8 +49,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         # SLURM requeued the job itself (scontrol requeue, preemption, a node failure): the next run needs the
         # payload (job.json, job.pkl), and concludes the job; this run concludes nothing
         attempt.requeued_file(restarts).touch()
-        print(f"mmt: SLURM job {job_id} was requeued (restart {restarts + 1}); its next run concludes it",
-              file=sys.stderr)
+        print(
+            f"mmt: SLURM job {job_id} was requeued (restart {restarts + 1}); its next run concludes it", file=sys.stderr
+        )
         return 0
     owner = read_owner(attempt.job_dir.root)
     if owner is None or owner.attempt != attempt.id:
@@ -60,9 +61,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     elapsed = time.time() - started
     limit_s = max(60.0, 60.0 * -(-plan.timeout_s // 60))  # sbatch --time is whole minutes
     terminated = float(args[2]) if len(args) > 2 and args[2] else None
-    outcome = conclude(plan, attempt, scheduler_id=job_id, duration_s=elapsed, slurm_state=None, stderr=_stderr(),
-                       time_limit_reached=terminated is not None and elapsed >= limit_s - 5,
-                       batch_terminated_at=terminated)
+    outcome = conclude(
+        plan,
+        attempt,
+        scheduler_id=job_id,
+        duration_s=elapsed,
+        slurm_state=None,
+        stderr=_stderr(),
+        time_limit_reached=terminated is not None and elapsed >= limit_s - 5,
+        batch_terminated_at=terminated,
+    )
     value = return_value_of(read_primary_return(attempt))
     write_result(plan, result_record(plan, outcome, value, attempt.id, started_at=started, ended_at=time.time()))
     discard_payload(attempt)

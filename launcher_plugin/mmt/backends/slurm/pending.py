@@ -30,7 +30,7 @@ from mmt.backends.slurm import queue
 # reasons that never resolve by waiting, and what they mean
 NEVER: Dict[str, str] = {
     "PartitionConfig": "the partition can never fit it: more CPUs, memory or nodes than it has, or an account, QOS "
-                       "or group it does not allow",
+    "or group it does not allow",
     "PartitionNodeLimit": "it asks more nodes than the partition has or allows per job, or fewer than it requires",
     "PartitionTimeLimit": "its time limit is longer than the partition allows",
     "BadConstraints": "no node of the partition has what its constraints ask",
@@ -192,8 +192,14 @@ def asks(job: Dict[str, str], code: str) -> str:
             parts.append(f"{job[key]} {label}")
     if _set(job.get("TimeLimit")) and (job["TimeLimit"] != "UNLIMITED" or code == "PartitionTimeLimit"):
         parts.append(f"time limit {job['TimeLimit']}")
-    for key, label in (("Features", "constraint"), ("ReqNodeList", "nodes"), ("ExcNodeList", "not nodes"),
-                       ("Account", "account"), ("QOS", "QOS"), ("Reservation", "reservation")):
+    for key, label in (
+        ("Features", "constraint"),
+        ("ReqNodeList", "nodes"),
+        ("ExcNodeList", "not nodes"),
+        ("Account", "account"),
+        ("QOS", "QOS"),
+        ("Reservation", "reservation"),
+    ):
         if _set(job.get(key)):
             parts.append(f"{label} {job[key]}")
     if code.startswith("Dependency") and _set(job.get("Dependency")):
@@ -244,8 +250,10 @@ _HINTS = {
     "QOSNotAllowed": "set hydra.launcher.qos to one the partition allows, or choose another partition",
     "DependencyNeverSatisfied": "submit it again without that dependency (hydra.launcher.sbatch_extra)",
 }
-HINT = ("ask for what the partition has (num_nodes, machine, hydra.launcher.cpus_per_task / mem_gb / "
-         "gpus_per_node), or choose another partition (hydra.launcher.partition; sinfo lists them)")
+HINT = (
+    "ask for what the partition has (num_nodes, machine, hydra.launcher.cpus_per_task / mem_gb / "
+    "gpus_per_node), or choose another partition (hydra.launcher.partition; sinfo lists them)"
+)
 
 
 def message(job_id: str, reason: str, facts: Facts) -> str:

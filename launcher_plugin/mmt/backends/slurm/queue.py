@@ -17,10 +17,33 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional
 
 # states after which a job will not run again by itself (REQUEUED, PENDING, RUNNING ... are not final)
-FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
-         "DEADLINE", "REVOKED", "SPECIAL_EXIT")
-ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD",
-          "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED")
+FINAL = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "OUT_OF_MEMORY",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "REVOKED",
+    "SPECIAL_EXIT",
+)
+ACTIVE = (
+    "PENDING",
+    "RUNNING",
+    "CONFIGURING",
+    "COMPLETING",
+    "REQUEUED",
+    "RESIZING",
+    "SUSPENDED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "SIGNALING",
+    "STAGE_OUT",
+    "STOPPED",
+)
 # no longer queued, and no record (accounting is off)
 GONE = "GONE"
 
@@ -129,16 +152,17 @@ def query(job_ids: Iterable[str], accounting: bool = True) -> Answer:
             states[job_id] = record
         elif queued is not None and (accounted is not None or not accounting):
             states[job_id] = JobState(GONE)
-    unanswered = ("slurmctld" if queued is None
-                  else "slurmdbd" if accounting and ended and accounted is None else None)
+    unanswered = "slurmctld" if queued is None else "slurmdbd" if accounting and ended and accounted is None else None
     return Answer(states, unanswered)
 
 
 def latest_job_named(name: str, submitted_since: float) -> Optional[str]:
     """This user's newest job called ``name`` submitted at ``submitted_since`` or later (whole seconds: not an older
     job that had the same name); "" when there is none, None when the queue did not answer."""
-    out = _run(["squeue", "-h", "-t", "all", "-u", getpass.getuser(), "-n", name, "-o", "%i|%V"],
-               env={**os.environ, "SLURM_TIME_FORMAT": "standard"})
+    out = _run(
+        ["squeue", "-h", "-t", "all", "-u", getpass.getuser(), "-n", name, "-o", "%i|%V"],
+        env={**os.environ, "SLURM_TIME_FORMAT": "standard"},
+    )
     if out is None:
         return None
     rows = (line.strip().split("|", 1) for line in out.splitlines() if "|" in line)

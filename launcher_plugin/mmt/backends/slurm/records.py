@@ -38,8 +38,7 @@ def refresh(record: JobRecord, registry: Registry) -> JobRecord:
         view = read_scheduler(attempt)
         if current is None and answer.unanswered is not None:
             # SLURM cannot be asked: the state stays the last one seen, and scheduler.json says since when
-            write_scheduler(attempt, (view or SchedulerRecord(scheduler_id=job_id)).unanswered(answer.unanswered),
-                            view)
+            write_scheduler(attempt, (view or SchedulerRecord(scheduler_id=job_id)).unanswered(answer.unanswered), view)
         elif current is not None and not current.final:
             state = JobState.RUNNING.value if current.state == "RUNNING" else JobState.PENDING.value
             never = _note_queue(attempt, job_id, current, view)
@@ -55,13 +54,15 @@ def refresh(record: JobRecord, registry: Registry) -> JobRecord:
     return save(record, registry, state, result)
 
 
-def _note_queue(attempt: Attempt, job_id: str, current: queue.JobState,
-                view: Optional[SchedulerRecord]) -> Optional[str]:
+def _note_queue(
+    attempt: Attempt, job_id: str, current: queue.JobState, view: Optional[SchedulerRecord]
+) -> Optional[str]:
     """scheduler.json brought up to date with the queue's answer; the one line of :mod:`pending` when the job waits
     for a reason that never resolves (checked when the reason is first seen, by this process or the launcher)."""
     reason = current.reason if current.state == "PENDING" else None
-    seen = (view or SchedulerRecord(scheduler_id=job_id)).seen(current.state, reason,
-                                                               pending.explain(reason) if reason else None)
+    seen = (view or SchedulerRecord(scheduler_id=job_id)).seen(
+        current.state, reason, pending.explain(reason) if reason else None
+    )
     first_seen = view is None or view.reason != reason
     message = pending.check(job_id, reason) if reason and first_seen else None
     if message is not None:
@@ -81,8 +82,9 @@ def _conclude_ended(record: JobRecord, slurm_state: str, never: Optional[str] = 
     if never is not None:
         outcome = JobOutcome(JobState.FAILED, None, detail=never, scheduler_id=str(record.scheduler_id))
     else:
-        outcome = conclude(plan, attempt, scheduler_id=str(record.scheduler_id), duration_s=None,
-                           slurm_state=slurm_state)
+        outcome = conclude(
+            plan, attempt, scheduler_id=str(record.scheduler_id), duration_s=None, slurm_state=slurm_state
+        )
     value = return_value_of(read_primary_return(attempt))
     result = result_record(plan, outcome, value, attempt.id, ended_at=time.time())
     try:
@@ -108,8 +110,12 @@ def _unsubmitted(record: JobRecord, registry: Registry) -> JobRecord:
         registry.update(current.name, scheduler_id=found)
         current.scheduler_id = found
         return current
-    return conclude_orphan(current, registry, f"its launcher (pid {current.supervisor_pid} on "
-                           f"{current.supervisor_host}) ended before the job was submitted (killed?)")
+    return conclude_orphan(
+        current,
+        registry,
+        f"its launcher (pid {current.supervisor_pid} on "
+        f"{current.supervisor_host}) ended before the job was submitted (killed?)",
+    )
 
 
 def _scheduler_id_in_owner(record: JobRecord) -> Optional[str]:

@@ -21,8 +21,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from omegaconf import DictConfig, OmegaConf
 
 from mmt.core.errors import ConfigError
-from mmt.core.states import StartMethod, values
 from mmt.core.jobdir import Attempt
+from mmt.core.states import StartMethod, values
 from mmt.planning import validate as check
 from mmt.planning.plan import JobPlan
 
@@ -37,8 +37,25 @@ SIGNALLED_VAR = "MMT_BATCH_SIGNALLED"
 CONTAINER_RUNTIMES = ("pyxis", "apptainer", "singularity")
 # sbatch options the launcher sets itself from the plan; overriding them through sbatch_extra would desynchronise
 # the job from its plan (and from Lightning's validation of devices/num_nodes)
-_MANAGED = {"nodes", "ntasks-per-node", "ntasks", "time", "output", "error", "signal", "job-name", "open-mode",
-            "gpus-per-node", "cpus-per-task", "mem", "partition", "account", "qos", "constraint", "array"}
+_MANAGED = {
+    "nodes",
+    "ntasks-per-node",
+    "ntasks",
+    "time",
+    "output",
+    "error",
+    "signal",
+    "job-name",
+    "open-mode",
+    "gpus-per-node",
+    "cpus-per-task",
+    "mem",
+    "partition",
+    "account",
+    "qos",
+    "constraint",
+    "array",
+}
 _OPTION_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
@@ -79,34 +96,78 @@ class SlurmSettings:
     @classmethod
     def for_watching(cls, poll_interval_s: float = 1.0) -> "SlurmSettings":
         """What watching jobs another process submitted needs (no site settings: nothing is submitted)."""
-        return cls(folder="", partition=None, account=None, qos=None, constraint=None, cpus_per_task=None,
-                   mem_gb=None, gpus_per_node=None, setup=(), sbatch_extra=(), srun_extra=(),
-                   container_runtime="pyxis", container_mounts=(), signal_delay_s=90, max_requeues=0,
-                   poll_interval_s=poll_interval_s)
+        return cls(
+            folder="",
+            partition=None,
+            account=None,
+            qos=None,
+            constraint=None,
+            cpus_per_task=None,
+            mem_gb=None,
+            gpus_per_node=None,
+            setup=(),
+            sbatch_extra=(),
+            srun_extra=(),
+            container_runtime="pyxis",
+            container_mounts=(),
+            signal_delay_s=90,
+            max_requeues=0,
+            poll_interval_s=poll_interval_s,
+        )
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "SlurmSettings":
-        keys = ("submitit_folder", "partition", "account", "qos", "constraint", "cpus_per_task", "mem_gb",
-                "gpus_per_node", "setup", "sbatch_extra", "srun_extra", "container_runtime", "container_mounts",
-                "signal_delay_s", "max_requeues", "poll_interval_s", "tasks", "kill_grace_s", "start_method")
-        raw = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
-               for k in keys}
+        keys = (
+            "submitit_folder",
+            "partition",
+            "account",
+            "qos",
+            "constraint",
+            "cpus_per_task",
+            "mem_gb",
+            "gpus_per_node",
+            "setup",
+            "sbatch_extra",
+            "srun_extra",
+            "container_runtime",
+            "container_mounts",
+            "signal_delay_s",
+            "max_requeues",
+            "poll_interval_s",
+            "tasks",
+            "kill_grace_s",
+            "start_method",
+        )
+        raw = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in keys}
         text = {k: _one_line(f"hydra.launcher.{k}", raw[k]) for k in ("partition", "account", "qos", "constraint")}
         extra = {}
-        for name, value in (raw["sbatch_extra"] or {}).items():
-            key = f"hydra.launcher.sbatch_extra.{name}"
+        given = raw["sbatch_extra"]
+        for name, value in (given if isinstance(given, dict) else {}).items():
+            key = f"hydra.launcher.sbatch_extra.{name!s}"
             option = str(name).replace("_", "-")
             if not _OPTION_NAME.match(str(name)):
-                raise ConfigError(key, value, "sbatch option names are lower-case letters, digits, - and _",
-                                  "e.g. hydra.launcher.sbatch_extra.mail-type=END")
+                raise ConfigError(
+                    key,
+                    value,
+                    "sbatch option names are lower-case letters, digits, - and _",
+                    "e.g. hydra.launcher.sbatch_extra.mail-type=END",
+                )
             if option in _MANAGED:
-                raise ConfigError(key, value, f"--{option} is set by mmt from the job's plan",
-                                  "use num_nodes/devices/machine or the hydra.launcher field of that name")
+                raise ConfigError(
+                    key,
+                    value,
+                    f"--{option} is set by mmt from the job's plan",
+                    "use num_nodes/devices/machine or the hydra.launcher field of that name",
+                )
             if not isinstance(value, (str, int, float, bool)):
                 raise ConfigError(key, value, "expected a string, number or boolean", f"e.g. {key}=value")
             extra[str(name)] = _one_line(key, value)
-        optional_int = lambda key, minimum: None if raw[key] is None else check.whole_number(  # noqa: E731
-            f"hydra.launcher.{key}", raw[key], minimum, f"e.g. hydra.launcher.{key}=4")
+
+        def optional_int(key: str, minimum: int) -> Optional[int]:
+            if raw[key] is None:
+                return None
+            return check.whole_number(f"hydra.launcher.{key}", raw[key], minimum, f"e.g. hydra.launcher.{key}=4")
+
         return cls(
             folder=_one_line("hydra.launcher.submitit_folder", str(raw["submitit_folder"])),
             cpus_per_task=optional_int("cpus_per_task", 1),
@@ -115,18 +176,26 @@ class SlurmSettings:
             setup=tuple(str(line) for line in raw["setup"] or ()),
             sbatch_extra=tuple(sorted(extra.items())),
             srun_extra=tuple(_one_line("hydra.launcher.srun_extra", str(a)) for a in raw["srun_extra"] or ()),
-            container_runtime=check.choice("hydra.launcher.container_runtime", raw["container_runtime"],
-                                           CONTAINER_RUNTIMES),
+            container_runtime=check.choice(
+                "hydra.launcher.container_runtime", raw["container_runtime"], CONTAINER_RUNTIMES
+            ),
             container_mounts=tuple(_mount(m) for m in raw["container_mounts"] or ()),
-            signal_delay_s=check.whole_number("hydra.launcher.signal_delay_s", raw["signal_delay_s"], 1,
-                                              "seconds before the time limit, e.g. 90"),
-            max_requeues=check.whole_number("hydra.launcher.max_requeues", raw["max_requeues"], 0,
-                                            "e.g. hydra.launcher.max_requeues=3"),
-            poll_interval_s=check.positive_number("hydra.launcher.poll_interval_s", raw["poll_interval_s"],
-                                                  "seconds, e.g. 1", maximum=3600),
+            signal_delay_s=check.whole_number(
+                "hydra.launcher.signal_delay_s", raw["signal_delay_s"], 1, "seconds before the time limit, e.g. 90"
+            ),
+            max_requeues=check.whole_number(
+                "hydra.launcher.max_requeues", raw["max_requeues"], 0, "e.g. hydra.launcher.max_requeues=3"
+            ),
+            poll_interval_s=check.positive_number(
+                "hydra.launcher.poll_interval_s", raw["poll_interval_s"], "seconds, e.g. 1", maximum=3600
+            ),
             tasks=check.choice("hydra.launcher.tasks", raw["tasks"], TASK_LAYOUTS),
-            kill_grace_s=check.positive_number("hydra.launcher.kill_grace_s", raw["kill_grace_s"],
-                                               "seconds between SIGTERM and SIGKILL, e.g. 1", maximum=3600),
+            kill_grace_s=check.positive_number(
+                "hydra.launcher.kill_grace_s",
+                raw["kill_grace_s"],
+                "seconds between SIGTERM and SIGKILL, e.g. 1",
+                maximum=3600,
+            ),
             start_method=check.choice("hydra.launcher.start_method", raw["start_method"], values(StartMethod)),
             **text,
         )
@@ -135,8 +204,12 @@ class SlurmSettings:
 def _mount(value: Any) -> str:
     value = _one_line("hydra.launcher.container_mounts", str(value))
     if "," in value or ":" not in value:
-        raise ConfigError("hydra.launcher.container_mounts", value, "expected SOURCE:TARGET[:FLAGS] without commas",
-                          "e.g. hydra.launcher.container_mounts=[/data:/data]")
+        raise ConfigError(
+            "hydra.launcher.container_mounts",
+            value,
+            "expected SOURCE:TARGET[:FLAGS] without commas",
+            "e.g. hydra.launcher.container_mounts=[/data:/data]",
+        )
     return value
 
 
@@ -173,13 +246,16 @@ def finalize_line(attempt: Attempt) -> str:
     job dir). Skipped when a launcher has concluded the job already, and where that interpreter is not there (a
     container-only site, where the launcher concludes)."""
     python, where = shlex.quote(sys.executable), shlex.quote(str(attempt.dir))
-    body = (f"rc=$?; [ -e {where}/concluded ] || {{ [ -x {python} ] && {python} -m mmt.backends.slurm.finalize "
-            f'{where} "$rc" "${{{TERMINATED_VAR}:-}}"; }}')
+    body = (
+        f"rc=$?; [ -e {where}/concluded ] || {{ [ -x {python} ] && {python} -m mmt.backends.slurm.finalize "
+        f'{where} "$rc" "${{{TERMINATED_VAR}:-}}"; }}'
+    )
     return f"trap {shlex.quote(body)} EXIT"
 
 
-def sbatch_parameters(plan: JobPlan, settings: SlurmSettings, project_dir: str, job_name: str,
-                      attempt: Attempt) -> Dict[str, Any]:
+def sbatch_parameters(
+    plan: JobPlan, settings: SlurmSettings, project_dir: str, job_name: str, attempt: Attempt
+) -> Dict[str, Any]:
     """The parameters of submitit's SlurmExecutor for this job (its names: time, ntasks_per_node, mem ...)."""
     per_node = tasks_per_node(plan, settings)
     cpus = settings.cpus_per_task
@@ -193,11 +269,12 @@ def sbatch_parameters(plan: JobPlan, settings: SlurmSettings, project_dir: str, 
         "time": max(1, math.ceil(plan.timeout_s / 60.0)),
         "signal_delay_s": settings.signal_delay_s,
         # one dead task ends the whole job at once instead of leaving the others in a collective until timeout
-        "srun_args": ["--kill-on-bad-exit=1", *_container_srun_args(plan, settings, project_dir),
-                      *settings.srun_extra],
+        "srun_args": ["--kill-on-bad-exit=1", *_container_srun_args(plan, settings, project_dir), *settings.srun_extra],
         # max_requeues=0: SLURM itself must not requeue the job either (scontrol requeue, a node failure)
-        "additional_parameters": {"requeue" if settings.max_requeues else "no_requeue": True,
-                                  **dict(settings.sbatch_extra)},
+        "additional_parameters": {
+            "requeue" if settings.max_requeues else "no_requeue": True,
+            **dict(settings.sbatch_extra),
+        },
     }
     if cpus:
         params["cpus_per_task"] = cpus
@@ -218,8 +295,12 @@ def sbatch_parameters(plan: JobPlan, settings: SlurmSettings, project_dir: str, 
     # USR1/USR2 (`scancel --signal=USR2 --full`, a site's preemption notice) would kill the shell, and so the job,
     # unexplained: the shell ignores them (a trap with a body: the tasks keep the default disposition), the tasks get
     # them from SLURM itself (--signal, --full) and the ranks take USR2 (mmt.core.preemption)
-    setup += [f"export {STARTED_VAR}=$(date +%s)", f"trap '{TERMINATED_VAR}=$(date +%s.%N)' TERM",
-              f"trap '{SIGNALLED_VAR}=$(date +%s.%N)' USR1 USR2", finalize_line(attempt)]
+    setup += [
+        f"export {STARTED_VAR}=$(date +%s)",
+        f"trap '{TERMINATED_VAR}=$(date +%s.%N)' TERM",
+        f"trap '{SIGNALLED_VAR}=$(date +%s.%N)' USR1 USR2",
+        finalize_line(attempt),
+    ]
     params["setup"] = setup
     return params
 
@@ -229,10 +310,13 @@ def signal_delay_problem(plan: JobPlan, settings: SlurmSettings) -> Optional[Con
     limit_s = 60 * max(1, math.ceil(plan.timeout_s / 60.0))
     if settings.signal_delay_s < limit_s:
         return None
-    return ConfigError("hydra.launcher.signal_delay_s", settings.signal_delay_s,
-                       f"SLURM would send the requeue signal (USR2) {settings.signal_delay_s} s before a time limit "
-                       f"of {limit_s} s (timeout_min), that is at the job's start",
-                       f"use a delay below {limit_s} s, e.g. hydra.launcher.signal_delay_s={max(1, limit_s // 4)}")
+    return ConfigError(
+        "hydra.launcher.signal_delay_s",
+        settings.signal_delay_s,
+        f"SLURM would send the requeue signal (USR2) {settings.signal_delay_s} s before a time limit "
+        f"of {limit_s} s (timeout_min), that is at the job's start",
+        f"use a delay below {limit_s} s, e.g. hydra.launcher.signal_delay_s={max(1, limit_s // 4)}",
+    )
 
 
 def render_script(plan: JobPlan, settings: SlurmSettings, project_dir: str, job_name: str, attempt: Attempt) -> str:
@@ -240,10 +324,12 @@ def render_script(plan: JobPlan, settings: SlurmSettings, project_dir: str, job_
     from submitit.slurm.slurm import _make_sbatch_string  # lazy: submitit is only needed for cluster=slurm
 
     folder = settings.folder
-    command = " ".join([python_command(plan, settings, project_dir), "-u -m submitit.core._submit",
-                        shlex.quote(folder)])
-    return _make_sbatch_string(command=command, folder=folder,
-                               **sbatch_parameters(plan, settings, project_dir, job_name, attempt))
+    command = " ".join(
+        [python_command(plan, settings, project_dir), "-u -m submitit.core._submit", shlex.quote(folder)]
+    )
+    return _make_sbatch_string(
+        command=command, folder=folder, **sbatch_parameters(plan, settings, project_dir, job_name, attempt)
+    )
 
 
 def job_name_for(name: str) -> str:

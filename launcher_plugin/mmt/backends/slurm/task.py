@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from mmt.core import preemption
 from mmt.agent.node import NodeRun
 from mmt.agent.node import run as run_node
 from mmt.agent.processes import ProcessSpec
+from mmt.core import preemption
 from mmt.core.jobdir import Attempt, JobDir, open_for_append
+from mmt.core.ports import PortInUseError, hold_port
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.plan import JobPlan
-from mmt.core.ports import PortInUseError, hold_port
 from mmt.records.schema import ErrorRecord
 
 # SLURM variable -> the fact it gives
@@ -80,10 +80,12 @@ def _hold_or_report(port: int, name: str, attempt: Attempt, index: int, stack: c
         stack.enter_context(hold_port("", port))
         return True
     except PortInUseError as exc:
-        ErrorRecord(exception=f"PortInUseError: {name} {port} on {socket.gethostname()} is in use by another "
-                              "process (it derives from the SLURM job id). HINT: submit again: another job id gives "
-                              "another port",
-                    traceback=str(exc)).write(attempt.error_file(index))
+        ErrorRecord(
+            exception=f"PortInUseError: {name} {port} on {socket.gethostname()} is in use by another "
+            "process (it derives from the SLURM job id). HINT: submit again: another job id gives "
+            "another port",
+            traceback=str(exc),
+        ).write(attempt.error_file(index))
         return False
 
 
@@ -98,25 +100,27 @@ def master_port_held(rendezvous: Rendezvous, attempt: Attempt, index: int, here:
 
 
 @contextlib.contextmanager
-def framework_ports_held(plan: JobPlan, rendezvous: Rendezvous, attempt: Attempt,
-                         indices: Sequence[int]) -> Iterator[bool]:
+def framework_ports_held(
+    plan: JobPlan, rendezvous: Rendezvous, attempt: Attempt, indices: Sequence[int]
+) -> Iterator[bool]:
     """For as long as the block runs, hold the framework ports of processes ``indices`` (those of this node, or
     this rank's own task), as :func:`master_port_held` holds MASTER_PORT: TensorFlow's and JAX's servers bind them
     while held (they set SO_REUSEADDR, as TCPStore does). The block gets False when one is in use already."""
+
     def name(index: int) -> str:
         return f"worker {index}'s TF_CONFIG port" if plan.framework == "tensorflow" else "JAX's coordinator port"
 
     with contextlib.ExitStack() as stack:
-        yield all(_hold_or_report(int(str(rendezvous.framework_ports[i])), name(i), attempt, i, stack)
-                  for i in indices)
+        yield all(_hold_or_report(int(str(rendezvous.framework_ports[i])), name(i), attempt, i, stack) for i in indices)
 
 
 def node_hosts(nodelist: str) -> List[str]:
     """Every host of the allocation in node order: ``scontrol show hostnames`` expands SLURM's compressed lists
     (node[1-2,5]); where scontrol cannot be run, :func:`expand_nodelist` does the same."""
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                             timeout=30, check=True).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
         hosts = out.split()
         if hosts:
             return hosts
@@ -163,10 +167,14 @@ def node_cores(cpus_on_node: Optional[str]) -> int:
 def requeue_env(facts: Mapping[str, str], attempt: Attempt, max_requeues: int, index: int = 0) -> Dict[str, str]:
     """What process ``index`` needs to take the requeue signal (``mmt.core.preemption``)."""
     restarts = int(facts.get("restarts") or 0)
-    return {preemption.PREEMPTIBLE_VAR: "1", preemption.MAX_REQUEUES_VAR: str(max_requeues),
-            preemption.JOB_ID_VAR: facts["job_id"], preemption.RESTARTS_VAR: str(restarts),
-            preemption.MARKER_VAR: str(attempt.requeued_file(restarts)),
-            preemption.ACK_VAR: str(attempt.dir / f"requeue-signal.{restarts}.{index}")}
+    return {
+        preemption.PREEMPTIBLE_VAR: "1",
+        preemption.MAX_REQUEUES_VAR: str(max_requeues),
+        preemption.JOB_ID_VAR: facts["job_id"],
+        preemption.RESTARTS_VAR: str(restarts),
+        preemption.MARKER_VAR: str(attempt.requeued_file(restarts)),
+        preemption.ACK_VAR: str(attempt.dir / f"requeue-signal.{restarts}.{index}"),
+    }
 
 
 @dataclass(frozen=True)
@@ -186,15 +194,27 @@ class SlurmTask:
         """Node 0's address and MASTER_PORT, every node's address (the allocation's hosts, in node order) and the
         framework's ports: the same in every task, derived from SLURM's facts alone."""
         hosts = node_hosts(facts["nodelist"])
-        return Rendezvous(hosts[0], master_port(facts["job_id"]), node_addrs=tuple(hosts[:self.plan.num_nodes]),
-                          framework_ports=framework_ports(self.plan, facts["job_id"]))
+        return Rendezvous(
+            hosts[0],
+            master_port(facts["job_id"]),
+            node_addrs=tuple(hosts[: self.plan.num_nodes]),
+            framework_ports=framework_ports(self.plan, facts["job_id"]),
+        )
 
-    def _env(self, facts: Dict[str, str], index: int, keep: Mapping[str, str],
-             rendezvous: Optional[Rendezvous] = None) -> Dict[str, str]:
+    def _env(
+        self, facts: Dict[str, str], index: int, keep: Mapping[str, str], rendezvous: Optional[Rendezvous] = None
+    ) -> Dict[str, str]:
         rendezvous = rendezvous or self._rendezvous(facts)
-        env = process_env(self.plan, self.plan.place(index), rendezvous=rendezvous, inherited=os.environ,
-                          copied=self.copied_env, cores_per_node=node_cores(facts.get("cpus_on_node")),
-                          python=PythonEnvironment.current() if self.plan.image is None else None, keep=keep)
+        env = process_env(
+            self.plan,
+            self.plan.place(index),
+            rendezvous=rendezvous,
+            inherited=os.environ,
+            copied=self.copied_env,
+            cores_per_node=node_cores(facts.get("cpus_on_node")),
+            python=PythonEnvironment.current() if self.plan.image is None else None,
+            keep=keep,
+        )
         env.update(requeue_env(facts, self.attempt, self.max_requeues, index))
         return env
 
@@ -208,17 +228,22 @@ class SlurmTask:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # submitit ignores SIGTERM; stop when SLURM says so
         code = self._run_node(facts, node) if self.per_node_tasks else self._run_rank(facts)
         if code != 0:
-            raise RuntimeError(f"node {node} of job {self.plan.label} failed (exit code {code}); see "
-                               f"{JobDir(Path(self.plan.job_dir)).logs}")
+            raise RuntimeError(
+                f"node {node} of job {self.plan.label} failed (exit code {code}); see "
+                f"{JobDir(Path(self.plan.job_dir)).logs}"
+            )
         return code
 
     def _run_node(self, facts: Dict[str, str], node: int) -> int:
         job_dir = JobDir(Path(self.plan.job_dir))
         job_dir.logs.mkdir(parents=True, exist_ok=True)
         rendezvous = self._rendezvous(facts)  # once per node
-        with master_port_held(rendezvous, self.attempt, self.plan.node_indices(node)[0], here=node == 0) as held, \
-                framework_ports_held(self.plan, rendezvous, self.attempt,
-                                     self.plan.framework_port_indices(node) if held else []) as also:
+        with (
+            master_port_held(rendezvous, self.attempt, self.plan.node_indices(node)[0], here=node == 0) as held,
+            framework_ports_held(
+                self.plan, rendezvous, self.attempt, self.plan.framework_port_indices(node) if held else []
+            ) as also,
+        ):
             return self._run_agent(facts, node, rendezvous, job_dir) if held and also else 1
 
     def _run_agent(self, facts: Dict[str, str], node: int, rendezvous: Rendezvous, job_dir: JobDir) -> int:
@@ -226,13 +251,30 @@ class SlurmTask:
         for index in self.plan.node_indices(node):
             self.attempt.clear_process(index)  # a requeued job runs again in place
             place = self.plan.place(index)
-            specs.append(ProcessSpec(job_id=self.plan.job_id, index=index, node_rank=node, attempt_dir=self.attempt_dir,
-                                     env=self._env(facts, index, {}, rendezvous), cwd=os.getcwd(),
-                                     log=str(job_dir.log(place.node_rank, place.rank, self.plan.per_node))))
-        return run_node(NodeRun(job_id=self.plan.job_id, node_rank=node, job_dir=self.plan.job_dir,
-                                attempt_dir=self.attempt_dir, kill_grace_s=self.kill_grace_s,
-                                preload=self.plan.preload, method=self.start_method, processes=tuple(specs),
-                                metrics_interval_s=self.plan.metrics_interval_s))
+            specs.append(
+                ProcessSpec(
+                    job_id=self.plan.job_id,
+                    index=index,
+                    node_rank=node,
+                    attempt_dir=self.attempt_dir,
+                    env=self._env(facts, index, {}, rendezvous),
+                    cwd=os.getcwd(),
+                    log=str(job_dir.log(place.node_rank, place.rank, self.plan.per_node)),
+                )
+            )
+        return run_node(
+            NodeRun(
+                job_id=self.plan.job_id,
+                node_rank=node,
+                job_dir=self.plan.job_dir,
+                attempt_dir=self.attempt_dir,
+                kill_grace_s=self.kill_grace_s,
+                preload=self.plan.preload,
+                method=self.start_method,
+                processes=tuple(specs),
+                metrics_interval_s=self.plan.metrics_interval_s,
+            )
+        )
 
     def _run_rank(self, facts: Dict[str, str]) -> int:
         index = int(facts["node"]) if self.plan.per_node else int(facts["global_rank"])
@@ -240,8 +282,9 @@ class SlurmTask:
         assert self.plan.per_node or place.rank == int(facts["global_rank"]), "SLURM's layout must match the plan's"
         # per-rank tasks keep SLURM's variables: Lightning then uses SLURMEnvironment and checks devices/num_nodes
         # against them (a per-node command starts its own ranks: Lightning would refuse --ntasks-per-node=1)
-        keep = {} if self.plan.per_node else {k: v for k, v in os.environ.items()
-                                              if k.startswith(("SLURM_", "SLURMD_"))}
+        keep = (
+            {} if self.plan.per_node else {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SLURMD_"))}
+        )
         rendezvous = self._rendezvous(facts)
         env = self._env(facts, index, keep, rendezvous)
         os.environ.clear()
@@ -252,8 +295,10 @@ class SlurmTask:
 
         self.attempt.clear_process(index)
         own = [i for i in self.plan.framework_port_indices(place.node_rank) if i == index]
-        with master_port_held(rendezvous, self.attempt, index, here=index == 0) as held, \
-                framework_ports_held(self.plan, rendezvous, self.attempt, own if held else []) as also:
+        with (
+            master_port_held(rendezvous, self.attempt, index, here=index == 0) as held,
+            framework_ports_held(self.plan, rendezvous, self.attempt, own if held else []) as also,
+        ):
             return worker.run(self.attempt, index) if held and also else 1
 
 
@@ -269,12 +314,25 @@ def _redirect_output(log: Path) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)
 
 
-def failed_tasks(stderr_text: str) -> List[Dict[str, object]]:
+@dataclass(frozen=True)
+class TaskDeath:
+    """One line of srun's report of a task that died."""
+
+    host: str
+    task: int
+    exit_code: Optional[int]
+    how: str  # "Exited with exit code N", "Killed", "Terminated" ...
+
+
+def failed_tasks(stderr_text: str) -> List[TaskDeath]:
     """srun's own report of tasks that died, in order: ``srun: error: node1: task 3: Exited with exit code 137``."""
     found = []
-    for match in re.finditer(r"srun: error: (\S+): tasks? ([\d,\-]+): (Exited with exit code (\d+)|Killed|"
-                             r"Terminated|[^\n]+)", stderr_text):
+    for match in re.finditer(
+        r"srun: error: (\S+): tasks? ([\d,\-]+): (Exited with exit code (\d+)|Killed|"
+        r"Terminated|[^\n]+)",
+        stderr_text,
+    ):
         first = int(re.split(r"[,\-]", match.group(2))[0])
         code = int(match.group(4)) if match.group(4) else None
-        found.append({"host": match.group(1), "task": first, "exit_code": code, "how": match.group(3)})
+        found.append(TaskDeath(host=match.group(1), task=first, exit_code=code, how=match.group(3)))
     return found

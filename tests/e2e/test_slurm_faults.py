@@ -1,0 +1,201 @@
+"""SLURM when the cluster itself acts (issue 21), on the real two-node test cluster: a requeue SLURM starts itself, a
+rank the OOM killer SIGKILLs, USR2 sent to the whole job (batch shell included) again and again."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import pytest
+
+from helpers.app import app_command, app_env, results
+from helpers.paths import REPO
+from helpers.processes import tagged_pids, wait_gone, wait_until
+from mmt.core.jobdir import JobDir
+
+pytestmark = pytest.mark.slurm
+PROBE = ("cluster=slurm", "recipe=probe")
+MMT = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "mmt")
+
+
+@pytest.fixture(autouse=True)
+def _cluster(slurm_cluster):
+    yield
+
+
+def _launch(tmp_path: Path, tag: str, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        app_command(*PROBE, *overrides, sweep_dir=tmp_path),
+        cwd=REPO,
+        env=app_env(tag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _job_id(tmp_path: Path, timeout_s: float = 60) -> str:
+    found: List[str] = []
+
+    def running() -> bool:
+        record = next(iter((tmp_path / "0" / ".mmt" / "attempts").glob("*/scheduler.json")), None)
+        if record is None:
+            return False
+        view = json.loads(record.read_text())
+        found[:] = [str(view.get("scheduler_id") or "")]
+        return bool(found[0]) and view.get("state") == "RUNNING"
+
+    wait_until(running, timeout_s, "the job to run")
+    return found[0]
+
+
+def _cancel(launcher: subprocess.Popen, job_id: Optional[str]) -> None:
+    """However the test ended: no launcher left, nothing left in SLURM's queue."""
+    if launcher.poll() is None:
+        launcher.kill()
+        launcher.communicate(timeout=30)
+    if job_id:
+        subprocess.run(["scancel", job_id])
+        wait_until(lambda: not _in_queue(job_id), 60, "the job to leave the queue")
+
+
+def _in_queue(job_id: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    return job_id in out
+
+
+def _rank_pid(tmp_path: Path, tag: str, node: int, rank: int) -> Optional[int]:
+    """The pid of rank ``rank``'s process: the one whose stdout is that rank's log."""
+    log = str(JobDir(tmp_path / "0").log(node, rank, False))
+    for pid in tagged_pids(tag):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/1") == log and os.readlink(f"/proc/{pid}/fd/2") == log:
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def _batch_stderr(tmp_path: Path, job_id: str) -> str:
+    return "".join(p.read_text(errors="replace") for p in (tmp_path / ".submitit").rglob(f"{job_id}_0_log.err"))
+
+
+def _row(name: str) -> dict:
+    done = subprocess.run([MMT, "list", "--json"], cwd=REPO, env=app_env(), capture_output=True, text=True, timeout=60)
+    rows = {row["name"]: row for row in json.loads(done.stdout or "[]")}
+    return rows.get(name, {})
+
+
+def _status(name: str) -> str:
+    return _row(name).get("status", "")
+
+
+def test_a_requeue_slurm_starts_itself_resumes_the_job_and_it_completes(tmp_path, tag):
+    name = f"rq{os.getpid()}"
+    done = subprocess.run(
+        app_command(
+            *PROBE,
+            "num_nodes=1",
+            "devices=2",
+            "recipe.hold_s=12",
+            "hydra.launcher.detach=true",
+            f"hydra.launcher.name={name}",
+            sweep_dir=tmp_path,
+        ),
+        cwd=REPO,
+        env=app_env(tag),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    wait_until(lambda: _status(f"{name}-0") == "Running", 60, "Running")
+    job_id = str(_row(f"{name}-0")["scheduler_id"])
+    try:
+        time.sleep(3)  # mid-run: the ranks hold
+        requeued = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+        assert requeued.returncode == 0, requeued.stderr
+        seen = []
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            seen.append(_status(f"{name}-0"))
+            if seen[-1] in ("Completed", "Failed", "Stopped") and not _in_queue(job_id):
+                break
+            time.sleep(0.5)
+        assert "Stopped" not in seen and seen[-1] == "Completed", seen
+        [result] = results(tmp_path)
+        assert result["status"] == "COMPLETED", result
+        err = _batch_stderr(tmp_path, job_id)
+        assert "was requeued (restart 1); its next run concludes it" in err, err[-3000:]
+        assert "concluded inside the allocation: COMPLETED" in err, err[-3000:]
+    finally:
+        subprocess.run(["scancel", job_id])
+        wait_until(lambda: not _in_queue(job_id), 60, "the job to leave the queue")
+    assert wait_gone(tag, timeout_s=15) == []
+
+
+@pytest.mark.parametrize("node, rank", [(0, 1), (1, 2)], ids=["node0", "node1"])
+def test_a_sigkilled_rank_of_a_2x2_job_is_named_by_the_launcher_and_the_allocation(node, rank, tmp_path, tag):
+    launcher = _launch(tmp_path, tag, "num_nodes=2", "devices=2", "recipe.hold_s=60")
+    job_id = None
+    try:
+        job_id = _job_id(tmp_path)
+        pid: List[int] = []
+        wait_until(lambda: pid.append(_rank_pid(tmp_path, tag, node, rank) or 0) or pid[-1], 60, "the rank")
+        time.sleep(1)
+        os.kill(pid[-1], signal.SIGKILL)  # what the OOM killer does
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        _cancel(launcher, job_id)
+    assert launcher.returncode == 1, err[-3000:]
+    [result] = results(tmp_path)
+    assert result["status"] == "FAILED", result
+    assert (result["failure"]["rank"], result["failure"]["node_rank"], result["failure"]["signal"]) == (
+        rank,
+        node,
+        "SIGKILL",
+    ), result
+    assert "concluded inside the allocation: FAILED" in _batch_stderr(tmp_path, job_id)
+    assert wait_gone(tag, timeout_s=15) == []
+
+
+def test_usr2_sent_to_the_whole_job_twice_20_times_reaches_each_rank_once_and_the_job_completes(tmp_path, tag):
+    launcher = _launch(tmp_path, tag, "num_nodes=2", "devices=2", "recipe.hold_s=15")
+    job_id = None
+    try:
+        job_id = _job_id(tmp_path)
+        wait_until(lambda: all(_rank_pid(tmp_path, tag, r // 2, r) for r in range(4)), 60, "every rank")
+        time.sleep(1)
+        for _ in range(20):  # the batch shell, srun and every task's processes: `scancel --full`
+            for _ in range(2):
+                subprocess.run(["scancel", "--signal=USR2", "--full", job_id], check=True)
+            time.sleep(0.1)
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        _cancel(launcher, job_id)
+    assert launcher.returncode == 0, err[-3000:]
+    [result] = results(tmp_path)
+    assert result["status"] == "COMPLETED", result
+    for r in range(4):
+        log = JobDir(tmp_path / "0").log(r // 2, r, False).read_text(errors="replace")
+        assert log.count("mmt: received SIGUSR2") == 1, (r, log[-2000:])
+        assert "reentrant" not in log
+    assert wait_gone(tag, timeout_s=15) == []
+
+
+def test_max_requeues_0_makes_slurm_refuse_a_requeue(tmp_path, tag):
+    launcher = _launch(tmp_path, tag, "num_nodes=1", "devices=1", "recipe.hold_s=4", "hydra.launcher.max_requeues=0")
+    job_id = None
+    try:
+        job_id = _job_id(tmp_path)
+        refused = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        _cancel(launcher, job_id)
+    assert refused.returncode != 0, refused
+    assert launcher.returncode == 0, err[-3000:]
+    assert results(tmp_path)[0]["status"] == "COMPLETED"
+    assert wait_gone(tag, timeout_s=15) == []

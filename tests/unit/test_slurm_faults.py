@@ -1,0 +1,201 @@
+"""SLURM when the cluster itself fails (issue 21), without a cluster: the job's own conclusion from the records its
+processes left, the batch script, the planning checks, the preemption handler under real signals."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.sbatch import render, sbatch_plan, slurm_settings
+from mmt.backends.slurm import finalize
+from mmt.backends.slurm.backend import SlurmBackend
+from mmt.backends.slurm.conclusion import conclude
+from mmt.core.jobdir import Attempt
+from mmt.core.states import JobState
+from mmt.planning.machine import Machine
+from mmt.planning.plan import JobPlan
+from mmt.records.schema import ExitRecord
+
+CPU = Machine(name="cpu", accelerator="cpu", gpus=0, cpus=4)
+
+
+def _plan(job_dir: Path, timeout_s: float = 600.0) -> JobPlan:
+    return JobPlan(
+        num=0,
+        name="f-0",
+        job_id="f",
+        overrides=(),
+        job_dir=str(job_dir),
+        num_nodes=2,
+        devices=2,
+        machine=CPU,
+        image=None,
+        command=None,
+        command_mode="per_node",
+        env={},
+        timeout_s=timeout_s,
+    )
+
+
+def _attempt(tmp_path: Path) -> Attempt:
+    attempt = Attempt(tmp_path / ".mmt" / "attempts" / "a")
+    attempt.dir.mkdir(parents=True)
+    return attempt
+
+
+# ---------------------------------------------------------------------------------------- 2: a SIGKILLed rank
+
+
+@pytest.mark.parametrize("killed", [1, 2], ids=["node0", "node1"])
+def test_a_sigkilled_rank_of_a_2x2_job_is_named_though_srun_then_terminates_the_other_node(tmp_path, killed):
+    plan, attempt = _plan(tmp_path), _attempt(tmp_path)
+    t0 = time.time()
+    ExitRecord(code=-signal.SIGKILL, stopped=False, time=t0).write(attempt.exit_file(killed))
+    sibling = killed ^ 1  # the same node's other rank: its agent stopped it
+    ExitRecord(code=-signal.SIGTERM, stopped=True, time=t0 + 0.05).write(attempt.exit_file(sibling))
+    other_node = 1 - plan.place(killed).node_rank
+    # srun --kill-on-bad-exit then sends SIGTERM to the other node's agent, which records it and stops its ranks
+    attempt.write_agent(other_node, {"host": "x", "pid": 1, "terminated_by": "SIGTERM", "terminated_at": t0 + 0.2})
+    for index in plan.node_indices(other_node):
+        ExitRecord(code=-signal.SIGTERM, stopped=True, time=t0 + 0.3).write(attempt.exit_file(index))
+    for slurm_state in (None, "FAILED"):  # the allocation's own conclusion, the launcher's
+        outcome = conclude(plan, attempt, scheduler_id="9", duration_s=3.0, slurm_state=slurm_state)
+        assert outcome.status == JobState.FAILED, (slurm_state, outcome)
+        assert (outcome.failure.rank, outcome.failure.node_rank, outcome.failure.signal) == (
+            killed,
+            plan.place(killed).node_rank,
+            "SIGKILL",
+        )
+
+
+def test_a_sigkill_after_the_job_was_cancelled_is_still_not_a_failure(tmp_path):
+    plan, attempt = _plan(tmp_path), _attempt(tmp_path)
+    t0 = time.time()
+    for node in (0, 1):
+        attempt.write_agent(node, {"host": "x", "pid": 1, "terminated_by": "SIGTERM", "terminated_at": t0})
+    ExitRecord(code=-signal.SIGKILL, stopped=True, time=t0 + 1).write(attempt.exit_file(0))
+    outcome = conclude(plan, attempt, scheduler_id="9", duration_s=3.0, slurm_state="CANCELLED")
+    assert outcome.status == JobState.INTERRUPTED and outcome.failure is None
+
+
+# ---------------------------------------------------------------------------------------- 8: TIMEOUT names ranks
+
+
+def test_a_slurm_timeout_names_the_ranks_that_had_not_finished(tmp_path):
+    plan, attempt = _plan(tmp_path), _attempt(tmp_path)
+    for index in (0, 2):
+        attempt.done_file(index).write_text("0")
+    outcome = conclude(plan, attempt, scheduler_id="9", duration_s=60.0, slurm_state="TIMEOUT")
+    assert outcome.status == JobState.TIMEOUT
+    assert "reached its time limit" in outcome.detail
+    assert "still running at the limit: rank 1 (node 0), rank 3 (node 1)" in outcome.detail, outcome.detail
+
+
+# ---------------------------------------------------------------------------------------- 1: SLURM's own requeue
+
+
+def test_the_exit_trap_of_a_run_slurm_requeued_keeps_the_payload_and_concludes_nothing(tmp_path, monkeypatch):
+    attempt = _attempt(tmp_path)
+    attempt.plan.parent.mkdir(parents=True, exist_ok=True)
+    attempt.plan.write_text("{}")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    monkeypatch.setattr(finalize, "restart_count", lambda job_id: 1)  # scontrol: Restarts=1 (JobState=COMPLETING)
+    monkeypatch.setattr(finalize, "conclude", lambda *a, **k: pytest.fail("a requeued run must conclude nothing"))
+    assert finalize.main([str(attempt.dir), "143", ""]) == 0
+    assert attempt.plan.exists() and attempt.requeued_file(0).exists()
+    assert not (tmp_path / "result.json").exists()
+
+
+def test_max_requeues_0_asks_slurm_not_to_requeue_the_job():
+    assert "#SBATCH --no-requeue\n" in render(sbatch_plan(), slurm_settings(max_requeues=0))
+    script = render(sbatch_plan(), slurm_settings(max_requeues=2))
+    assert "#SBATCH --requeue\n" in script and "no-requeue" not in script
+
+
+# ---------------------------------------------------------------------------------------- 9: the batch shell
+
+
+def test_the_batch_shell_survives_usr2_and_usr1(tmp_path):
+    script = render(sbatch_plan(), slurm_settings())
+    traps = [line for line in script.splitlines() if line.startswith("trap ") and "USR2" in line]
+    assert traps, script
+    # the trap, run by bash around a foreground child: the signals neither kill the shell nor reach the child ignored
+    body = "\n".join(traps + ["sleep 1.5", "echo survived", "trap -p USR2 >/dev/null"])
+    shell = subprocess.Popen(["bash", "-c", body], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    shell.send_signal(signal.SIGUSR2)
+    shell.send_signal(signal.SIGUSR1)
+    out, _ = shell.communicate(timeout=10)
+    assert shell.returncode == 0 and "survived" in out
+
+
+# ---------------------------------------------------------------------------------------- 4: the preemption handler
+
+_NOISY_RANK = textwrap.dedent("""
+    import os, sys, time
+    from mmt.core import preemption
+
+    class Guarded:
+        \"\"\"sys.stdout as BufferedWriter guards it: a write while one is under way (a signal handler's, run while
+        the rank's own write waits on a full pipe) raises instead of interleaving.\"\"\"
+        def __init__(self, raw):
+            self.raw, self.busy = raw, False
+        def write(self, text):
+            if self.busy:
+                raise RuntimeError("reentrant call inside <stdout>")
+            self.busy = True
+            try:
+                time.sleep(0.001)  # a write blocked on the pipe: signals are handled meanwhile
+                return self.raw.write(text)
+            finally:
+                self.busy = False
+        def flush(self):
+            self.raw.flush()
+
+    preemption.install()
+    print("ready", flush=True)
+    sys.stdout = Guarded(sys.stdout)
+    deadline = time.time() + float(sys.argv[1])
+    while time.time() < deadline:
+        print("x" * 200, flush=True)
+    print("requested" if preemption.requested() else "not requested", file=sys.stderr, flush=True)
+""")
+
+
+def test_usr2_twice_within_milliseconds_20_times_never_crashes_a_printing_rank(tmp_path):
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(Path(__file__).parents[2] / "launcher_plugin"), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
+    for attempt in range(20):
+        rank = subprocess.Popen(
+            [sys.executable, "-c", _NOISY_RANK, "0.6"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
+        assert rank.stdout.readline() == b"ready\n"
+        time.sleep(0.05)
+        rank.send_signal(signal.SIGUSR2)
+        time.sleep(0.002)
+        rank.send_signal(signal.SIGUSR2)
+        time.sleep(0.02)
+        out, err = rank.communicate(timeout=30)
+        assert rank.returncode == 0, (attempt, err.decode()[-2000:])
+        assert err.decode().strip().endswith("requested") and b"not requested" not in err
+        assert out.count(b"mmt: received SIGUSR2") == 1, attempt
+
+
+# ---------------------------------------------------------------------------------------- 4: signal_delay_s
+
+
+def test_a_signal_delay_longer_than_the_time_limit_is_refused_at_planning():
+    backend = SlurmBackend(slurm_settings(signal_delay_s=90))
+    [problem] = [p for p in backend.problems(sbatch_plan(timeout_s=60.0)) if "signal_delay_s" in str(p)]
+    assert "\n" not in str(problem) and "time limit of 60 s" in str(problem)
+    assert not [p for p in backend.problems(sbatch_plan(timeout_s=120.0)) if "signal_delay_s" in str(p)]
