@@ -273,49 +273,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _rows(records: List[Any]) -> List[Dict[str, Any]]:
-    from mmt.core.states import JobState
-    from mmt.service.status import lightning_status, scheduler_view
+    """The jobs as `mmt list` shows them: the SDK's rows (``Job.dict()``), one per record."""
+    from mmt.service.handle import job_row
 
-    rows = []
-    for record in records:
-        result = record.result_record()
-        duration = result.duration_s if result else None
-        if duration is None and record.started_at:
-            duration = (record.ended_at or time.time()) - record.started_at
-        view = scheduler_view(record)
-        final = JobState(record.state).final
-        # SLURM's pending reason while the job waits (or the one that failed it); what the status alone does not say
-        reason = view.reason if view is not None and (view.never_starts or not final) else None
-        note = view.note(final) if view is not None else None
-        rows.append(
-            {
-                "name": record.name,
-                "status": lightning_status(record.state),
-                "state": record.state,
-                "reason": reason,
-                "note": note,
-                "cluster": record.backend,
-                "machine": record.machine,
-                "topology": f"{record.num_nodes} x {record.devices}",
-                "scheduler_id": record.scheduler_id,
-                "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created_at)),
-                "duration_s": round(duration, 1) if duration is not None else None,
-                "dir": record.job_dir,
-                "metric": _metric(result),
-                "detached": record.detached,
-            }
-        )
-    return rows
-
-
-def _metric(result: Any) -> Optional[str]:
-    """``name=value`` of a completed job's result (a ResultRecord), else None."""
-    from mmt.launching.report import metric_of
-
-    if result is None or not result.completed:
-        return None
-    metric = metric_of(result.return_value, result.summary_metric)
-    return None if metric["value"] == "-" else f"{metric['name']}={metric['value']}"
+    return [job_row(record) for record in records]
 
 
 def _list(args: argparse.Namespace) -> int:

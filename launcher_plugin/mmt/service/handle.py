@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from mmt.core.errors import ConfigError, UsageError
 from mmt.core.jobdir import JobDir, process_log_name
-from mmt.core.states import ProcessState
+from mmt.core.states import JobState, ProcessState
 from mmt.launching.report import metric_of
 from mmt.records.registry import JobRecord, Registry
 from mmt.service import logs as log_files
@@ -76,10 +76,15 @@ def job_row(record: JobRecord) -> Dict[str, Any]:
     duration = result.duration_s if result else None
     if duration is None and record.started_at:
         duration = (record.ended_at or time.time()) - record.started_at
+    view = job_status.scheduler_view(record)
+    final = JobState(record.state).final
     return {
         "name": record.name,
         "status": job_status.lightning_status(record.state),
         "state": record.state,
+        # SLURM's pending reason while the job waits (or the one that failed it); what the status alone does not say
+        "reason": view.reason if view is not None and (view.never_starts or not final) else None,
+        "note": view.note(final) if view is not None else None,
         "cluster": record.backend,
         "machine": record.machine,
         "topology": f"{record.num_nodes} x {record.devices}",
