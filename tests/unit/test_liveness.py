@@ -8,7 +8,6 @@ import json
 import os
 import pickle
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -289,51 +288,3 @@ def test_a_log_is_never_opened_through_a_symlink(tmp_path):
     os.write(fd, b"mine\n")
     os.close(fd)
     assert (logs / "node0.rank1.log").read_text() == "mine\n"
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-def test_a_descendant_that_dropped_its_tag_and_left_the_session_is_stopped_with_its_job(tmp_path):
-    from mmt.agent.jobs import JobProcesses
-    from mmt.core import proctree
-    from mmt.core.jobdir import Attempt
-
-    attempt = Attempt(tmp_path / "job" / ".mmt" / "attempts" / "a").create()
-    job = JobProcesses("tagless-job", attempt, kill_grace_s=0.5)
-    marker = tmp_path / "stray.pid"
-    rank = subprocess.Popen(
-        ["sh", "-c", f"setsid env -u MMT_JOB_ID sh -c 'echo $$ > {marker}; exec sleep 300' & sleep 300"],
-        env={**os.environ, "MMT_JOB_ID": "tagless-job"},
-        start_new_session=True,
-    )
-    job.started(0, rank.pid)
-    deadline = time.monotonic() + 10
-    while not (marker.exists() and marker.read_text().strip()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stray = int(marker.read_text())
-    try:
-        assert b"MMT_JOB_ID=tagless-job" not in Path(f"/proc/{stray}/environ").read_bytes()
-        assert os.getsid(stray) != os.getsid(rank.pid)
-        time.sleep(0.3)
-        job.tick()  # while the rank runs, the agent notes what descends from it
-        os.kill(rank.pid, signal.SIGKILL)  # the rank's wrapper, killed outright: its children are orphans now
-        rank.wait()
-        job.exited(rank.pid, -signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while not job.ended and time.monotonic() < deadline:
-            job.tick()
-            proctree.reap_any()
-            time.sleep(0.02)
-        assert _gone(stray), "the tagless descendant outlived its job"
-        assert job.ended
-    finally:
-        for pid in (stray, *proctree.tagged({"MMT_JOB_ID": "tagless-job"})):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
