@@ -17,7 +17,7 @@ import pytest
 from helpers.app import app_command, app_env, results, run_app
 from helpers.paths import REPO
 from helpers.processes import wait_gone
-from mmt.monitor.sampler import read_samples
+from mmt.monitor.sampler import NodeSampler, read_samples, thin
 
 
 def test_every_node_is_sampled_at_the_interval_and_cpu_hosts_have_no_gpu_fields(tmp_path, tag):
@@ -183,3 +183,16 @@ def test_a_launch_can_serve_its_live_page_and_takes_it_down_at_the_end(tmp_path,
     assert wait_gone(tag, timeout_s=10) == []  # the page went with the launch
     with pytest.raises(OSError):
         urllib.request.urlopen(url, timeout=3)
+
+
+def test_a_long_run_keeps_its_metrics_file_bounded(tmp_path):
+    path = tmp_path / "node0.jsonl"
+    sampler = NodeSampler(path, 0, interval_s=0.001, max_bytes=20_000)
+    for _ in range(2000):
+        sampler.sample([os.getpid()])
+    samples = read_samples(path)
+    assert path.stat().st_size < 3 * 20_000
+    assert samples[0]["t"] <= samples[-1]["t"] and len(samples) < 2000  # thinned, first and last kept
+    before = len(samples)
+    thin(path)
+    assert len(read_samples(path)) < before

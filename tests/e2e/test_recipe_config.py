@@ -12,6 +12,8 @@ if str(REPO) not in sys.path:  # recipes/ is imported from the app's directory, 
 
 from unit.test_recipe_config import CONFIGS, TINY  # noqa: E402
 
+from recipes.lm_config import ModelConfig  # noqa: E402
+
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_each_recipe_reads_its_keys_through_its_config_before_doing_anything(name, tmp_path, monkeypatch):
@@ -25,3 +27,12 @@ def test_each_recipe_reads_its_keys_through_its_config_before_doing_anything(nam
     with pytest.raises(TypeError, match="missing required key 'precision'"):
         recipe.train(**{key: value for key, value in TINY.items() if key != "precision"})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_model_defaults_are_the_transformers():
+    import inspect
+
+    from lightning.pytorch.demos import Transformer
+
+    parameters = inspect.signature(Transformer.__init__).parameters
+    assert ModelConfig().kwargs() == {name: parameters[name].default for name in ModelConfig().kwargs()}

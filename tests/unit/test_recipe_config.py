@@ -136,12 +136,3 @@ def test_the_config_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.model.ninp = 1
     assert dataclasses.replace(config, lr=2.0).lr == 2.0 and config.lr == 1.0
-
-
-def test_the_model_defaults_are_the_transformers():
-    import inspect
-
-    from lightning.pytorch.demos import Transformer
-
-    parameters = inspect.signature(Transformer.__init__).parameters
-    assert ModelConfig().kwargs() == {name: parameters[name].default for name in ModelConfig().kwargs()}
