@@ -11,6 +11,7 @@ import pytest
 
 from helpers.config import compose_train
 from helpers.paths import REPO
+from helpers.plans import local_plan
 from mmt.backends.slurm.task import (
     FRAMEWORK_PORT_BASE,
     FRAMEWORK_PORT_WINDOW,
@@ -24,7 +25,6 @@ from mmt.core.errors import ConfigError
 from mmt.core.rank_env import RankInfo, misplaced_listener, port_claims, process_index, scrubbed
 from mmt.planning.dryrun import render
 from mmt.planning.environment import Rendezvous, process_env
-from mmt.planning.machine import UNSPECIFIED_MACHINE
 from mmt.planning.plan import JobPlan, Limits, plan_job
 from mmt.planning.validate import env_vars
 
@@ -33,21 +33,8 @@ SNIPPET = REPO / "examples" / "frameworks" / "seed_tf_config.py"
 
 
 def _plan(num_nodes=2, devices=2, framework="none", command="python x.py", mode="per_rank", env=None) -> JobPlan:
-    return JobPlan(
-        num=0,
-        name="job-0",
-        job_id="local-1-0",
-        overrides=(),
-        job_dir="/tmp/job",
-        num_nodes=num_nodes,
-        devices=devices,
-        machine=UNSPECIFIED_MACHINE,
-        image=None,
-        command=command,
-        command_mode=mode,
-        env=env or {},
-        timeout_s=60.0,
-        framework=framework,
+    return local_plan(
+        num_nodes=num_nodes, devices=devices, command=command, command_mode=mode, env=env or {}, framework=framework
     )
 
 

@@ -4,30 +4,16 @@ import os
 
 import pytest
 
+from helpers.plans import local_plan
 from mmt.core.rank_env import RankInfo, RankPlace, scrubbed
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
-from mmt.planning.machine import UNSPECIFIED_MACHINE
 from mmt.planning.plan import JobPlan
 
 RENDEZVOUS = Rendezvous(master_addr="127.0.0.1", master_port=40123)
 
 
 def _plan(num_nodes: int, devices: int, env=None, command=None, command_mode="per_node") -> JobPlan:
-    return JobPlan(
-        num=0,
-        name="job-0",
-        job_id="local-1-0",
-        overrides=(),
-        job_dir="/tmp/job",
-        num_nodes=num_nodes,
-        devices=devices,
-        machine=UNSPECIFIED_MACHINE,
-        image=None,
-        command=command,
-        command_mode=command_mode,
-        env=env or {},
-        timeout_s=60.0,
-    )
+    return local_plan(num_nodes=num_nodes, devices=devices, command=command, command_mode=command_mode, env=env or {})
 
 
 def _env(place: RankPlace, base=None, job=None, cores=8, python=None):

@@ -316,26 +316,12 @@ def _list(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from mmt.records.registry import Registry
-    from mmt.service.status import lightning_status, refresh
+    from mmt.service.handle import job_facts
+    from mmt.service.status import refresh
 
     registry = Registry()
     record = refresh(registry.require(args.name), registry)
-    facts = {
-        **_rows([record])[0],
-        "job_id": record.job_id,
-        "attempt": record.attempt,
-        "command": record.command,
-        "overrides": record.overrides,
-        "sweep_dir": record.sweep_dir,
-        "supervisor_pid": record.supervisor_pid,
-        "result": record.result,
-        "scheduler": _scheduler_story(record),
-        "machines": [
-            {"rank": n, "status": _node_status(record, n, lightning_status(record.state))}
-            for n in range(record.num_nodes)
-        ],
-    }
-    facts["dir_exists"] = Path(record.job_dir).is_dir()  # a deleted job dir: its status is the one recorded
+    facts = job_facts(record)  # what the SDK's job.dict() returns
     if args.json:
         print(json.dumps(facts, indent=2))
         return 0
@@ -365,24 +351,6 @@ def _inspect(args: argparse.Namespace) -> int:
     if result is not None and result.error:
         print("error         " + result.error)
     return 0
-
-
-def _scheduler_story(record: Any) -> Optional[str]:
-    """What the scheduler said of a job that has not ended: why it waits, since when it does not answer (the error
-    of one that could never start says why)."""
-    from mmt.core.states import JobState
-    from mmt.service.status import scheduler_view
-
-    view = scheduler_view(record)
-    return None if view is None or JobState(record.state).final else view.describe()
-
-
-def _node_status(record: Any, node: int, job: str) -> str:
-    result = record.result_record()
-    failure = result.failure if result else None
-    if job == "Failed" and failure is not None and failure.node_rank != node:
-        return "Stopped"
-    return job
 
 
 def _logs(args: argparse.Namespace) -> int:

@@ -120,8 +120,16 @@ def job_facts(record: JobRecord) -> Dict[str, Any]:
         "dir_exists": Path(record.job_dir).is_dir(),
         "link": Path(record.job_dir).absolute().as_uri(),
         "result": record.result,
+        "scheduler": scheduler_story(record),
         "machines": [{"rank": n, "status": node_status(record, n)} for n in range(record.num_nodes)],
     }
+
+
+def scheduler_story(record: JobRecord) -> Optional[str]:
+    """What the scheduler said of a job that has not ended: why it waits, since when it does not answer (the error
+    of one that could never start says why)."""
+    view = job_status.scheduler_view(record)
+    return None if view is None or JobState(record.state).final else view.describe()
 
 
 class Status(str, enum.Enum):
