@@ -12,19 +12,22 @@ the same data with Lightning Fabric and with raw PyTorch DDP.
     python train.py -m recipe.lr=0.5,1.0 num_nodes=2 devices=2
 """
 
+import csv
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.demos import Transformer
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import rank_zero_only
 
 from mmt.core.checkpoints import resume_from
-from mmt.lightning import AtomicCheckpointIO, RequeueOnSignal, cluster_environment
+from mmt.lightning import AtomicCheckpointIO, EpochEndCheckpoint, Heartbeat, RequeueOnSignal, cluster_environment
 from recipes.corpus import load_splits, weights_digest
-from recipes.lm_common import RankPlan, StepClock, gather, keep_ddp_buckets, report, summary
+from recipes.lm_common import RankPlan, StepClock, fault_drill, gather, keep_ddp_buckets, report, summary
 from recipes.lm_config import LMConfig
 
 
@@ -86,6 +89,56 @@ class Throughput(L.Callback):
         self.batches += 1
 
 
+class AppendingCSV(Logger):
+    """``metrics.csv`` as Lightning's CSVLogger writes it (epoch, step, train_loss, val_loss; empty cells where a
+    row has no value), one row per logged step, appended at once: a run resumed after a requeue or a restart adds
+    to what the earlier runs wrote (CSVLogger rewrites the file from its own rows when a new column appears, and
+    so drops theirs), and the launcher's progress and the live page see every step as it is taken."""
+
+    COLUMNS = ("epoch", "step", "train_loss", "val_loss")
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    @property
+    def name(self) -> str:
+        return "mmt"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Dict[str, float], step: Optional[int] = None) -> None:
+        row = {key: metrics[key] for key in self.COLUMNS if key in metrics}
+        if not row.keys() - {"epoch", "step"}:
+            return
+        row["step"] = step if step is not None else row.get("step", "")
+        new = not self.path.exists()
+        if new:
+            self.path.parent.mkdir(parents=True, exist_ok=True)  # an output_dir nothing has made yet
+        with open(self.path, "a", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=self.COLUMNS)
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class FaultDrill(L.Callback):
+    """``recipe.fail_rank``/``recipe.fail_step`` (recipes.lm_common.fault_drill), after each optimizer step."""
+
+    def __init__(self, config: LMConfig, plan: RankPlan) -> None:
+        self.config, self.plan = config, plan
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        fault_drill(self.config, self.plan.rank, trainer.global_step)
+
+
 def train(**recipe: Any) -> Dict[str, Any]:
     """Train; return rank 0's summary. ``recipe``: the keys under ``recipe:`` (``recipes.lm_config.LMConfig``)."""
     config = LMConfig.from_kwargs("lm", recipe)
@@ -123,9 +176,18 @@ def _trainer(config: LMConfig, plan: RankPlan, throughput: Throughput, last: Pat
         gradient_clip_val=config.gradient_clip_val,
         precision=config.precision,
         # every step reaches metrics.csv at once: the launcher's progress and the live page read it
-        logger=L.pytorch.loggers.CSVLogger(save_dir=plan.out, name="", version="", flush_logs_every_n_steps=1),
+        logger=AppendingCSV(plan.out / "metrics.csv"),
         log_every_n_steps=1,
-        callbacks=[checkpoints, throughput, RequeueOnSignal(str(last))],  # mmt owns the requeue signal
+        # mmt owns the requeue signal; the heartbeat is what its hang detection watches; a job that may restart
+        # also checkpoints where it resumes exactly
+        callbacks=[
+            checkpoints,
+            throughput,
+            RequeueOnSignal(str(last)),
+            Heartbeat(),
+            FaultDrill(config, plan),
+            *([EpochEndCheckpoint(str(last))] if plan.rank.max_restarts else []),
+        ],
         plugins=[AtomicCheckpointIO(), *([environment] if environment else [])],
         default_root_dir=plan.out,
         enable_progress_bar=False,

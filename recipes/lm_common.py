@@ -4,6 +4,7 @@ results and speed compare: the same data, the same model, the same batch plan an
 
 import csv
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,8 @@ class RankPlan:
 
 def keep_ddp_buckets(fixed_buckets: Optional[bool]) -> bool:
     """Whether DDP keeps its gradient buckets in their first layout (``recipe.fixed_buckets``; None = only where
-    SLURM may requeue the job, i.e. inside an mmt SLURM task).
+    the job may resume from a checkpoint: inside an mmt SLURM task, which may be requeued, or in a job that may be
+    restarted after a failure, ``hydra.launcher.max_restarts``).
 
     DDP re-lays its buckets out after each process's first step, and a ring all-reduce sums each element in an
     order set by its place in the bucket, so a requeued run's first step would differ from the uninterrupted run
@@ -48,7 +50,18 @@ def keep_ddp_buckets(fixed_buckets: Optional[bool]) -> bool:
     """
     from mmt.core import preemption
 
-    return preemption.installed() if fixed_buckets is None else fixed_buckets
+    if fixed_buckets is not None:
+        return fixed_buckets
+    from mmt import RankInfo
+
+    return preemption.installed() or RankInfo.from_env().max_restarts > 0
+
+
+def fault_drill(config: LMConfig, rank: "RankInfo", step: int) -> None:
+    """``recipe.fail_rank``/``recipe.fail_step``: that rank dies by SIGKILL after that step of the first run."""
+    if config.fail_rank == rank.rank and config.fail_step == step and rank.restart_count == 0:
+        print(f"fault drill: rank {rank.rank} kills itself after step {step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class StepClock:

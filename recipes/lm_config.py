@@ -86,6 +86,10 @@ class LMConfig:
     output_dir: Optional[str] = None  # None = the job dir (MMT_JOB_DIR), else the working directory
     batch_size: Optional[int] = None  # the micro-batch; None = the launcher's batch plan
     accumulate_grad_batches: Optional[int] = None  # micro-batches per optimizer step; None = the plan's
+    # a failure drill (what hydra.launcher.max_restarts is for): rank ``fail_rank`` is SIGKILLed, as the OOM killer
+    # would, right after optimizer step ``fail_step`` of the job's first run (MMT_RESTART_COUNT=0); None = never
+    fail_rank: Optional[int] = None
+    fail_step: Optional[int] = None
 
     @classmethod
     def from_kwargs(cls: Type[C], recipe: str, kwargs: Mapping[str, Any]) -> C:

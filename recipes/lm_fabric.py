@@ -20,9 +20,10 @@ from torch.utils.data import DataLoader
 
 from mmt import RankInfo
 from mmt.core.checkpoints import resume_from
+from mmt.core.stacks import beat
 from mmt.lightning import AtomicCheckpointIO
 from recipes.corpus import load_splits, weights_digest
-from recipes.lm_common import Progress, RankPlan, append_metrics, gather, keep_ddp_buckets, report, summary
+from recipes.lm_common import Progress, RankPlan, append_metrics, fault_drill, gather, keep_ddp_buckets, report, summary
 from recipes.lm_config import LMConfig
 
 
@@ -125,6 +126,8 @@ def _fit(
     progress, batches = Progress(plan.rank.world_size, plan.accumulate), _batches(train_loader)
     while state["step"] < config.max_steps:
         _optimizer_step(fabric, network, optimizer, batches, config.gradient_clip_val, plan.accumulate, progress)
+        beat()  # progress, for mmt's hang detection
+        fault_drill(config, plan.rank, state["step"] + 1)
         state["step"] += 1
         row = progress.row(state["step"])
         if state["step"] % config.val_check_interval == 0:

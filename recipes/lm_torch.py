@@ -25,8 +25,9 @@ from torch.utils.data.distributed import DistributedSampler
 
 from mmt import RankInfo
 from mmt.core.checkpoints import resume_from, save_atomic
+from mmt.core.stacks import beat
 from recipes.corpus import load_splits, weights_digest
-from recipes.lm_common import Progress, RankPlan, append_metrics, gather, keep_ddp_buckets, report, summary
+from recipes.lm_common import Progress, RankPlan, append_metrics, fault_drill, gather, keep_ddp_buckets, report, summary
 from recipes.lm_config import TorchLMConfig
 
 _AUTOCAST = {"32-true": None, "32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
@@ -207,7 +208,9 @@ def _fit(
     progress, batches = Progress(plan.rank.world_size, plan.accumulate), _batches(data.train_loader, data.sampler)
     while step < config.max_steps:
         _optimizer_step(run, model, batches, config.gradient_clip_val, plan.accumulate, progress)
+        beat()  # progress, for mmt's hang detection
         step += 1
+        fault_drill(config, plan.rank, step)
         row = progress.row(step)
         if step % config.val_check_interval == 0:
             progress.val_loss = run.validate(model.ddp, data.val_loader, config.limit_val_batches)

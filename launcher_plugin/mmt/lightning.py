@@ -1,4 +1,5 @@
-"""Lightning glue for mmt jobs: the cluster environment to use, atomic checkpoints, the requeue-on-signal callback.
+"""Lightning glue for mmt jobs: the cluster environment to use, atomic checkpoints, the requeue-on-signal callback,
+the heartbeat that hang detection watches.
 
 Imports Lightning; import this module only from training code.
 """
@@ -11,7 +12,7 @@ import lightning as L
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
-from mmt.core import preemption
+from mmt.core import preemption, stacks
 from mmt.core.checkpoints import save_atomic
 
 
@@ -34,6 +35,38 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
         save_atomic(checkpoint, Path(path))
+
+
+class Heartbeat(L.Callback):
+    """Tells mmt's hang detection (``hydra.launcher.hang_timeout_min``) that this rank makes progress: at every
+    training and validation batch, and before each checkpoint is written. A rank stuck in a collective stops
+    beating; one validating or saving goes on."""
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        stacks.beat()
+
+    def on_validation_batch_end(self, *args: Any) -> None:
+        stacks.beat()
+
+    def on_save_checkpoint(self, *args: Any) -> None:
+        stacks.beat()
+
+
+class EpochEndCheckpoint(L.Callback):
+    """A checkpoint at the last batch of every epoch, where a job that may be restarted after a failure
+    (``hydra.launcher.max_restarts``) resumes exactly: the state Lightning's loops resume from without a stateful
+    data loader (see RequeueOnSignal), with the RNG states that RequeueOnSignal stores. A checkpoint taken mid-epoch
+    would restart that epoch's data order."""
+
+    def __init__(self, checkpoint_path: str) -> None:
+        self.checkpoint_path = checkpoint_path
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return
+        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+            return  # the end: nothing left to resume
+        trainer.save_checkpoint(self.checkpoint_path)
 
 
 class RequeueOnSignal(L.Callback):

@@ -32,7 +32,6 @@ LIGHTNING_ONLY = {
     "cloud_account_auth": "the cluster's container runtime pulls images with its own credentials",
     "entrypoint": "the command runs with /bin/sh -c; put a different entrypoint in the command",
     "path_mappings": "bind mounts: hydra.launcher.container_mounts=[SRC:DST] (SLURM)",
-    "max_run_attempts": "requeues on SLURM: hydra.launcher.max_requeues",
     "reuse_snapshot": "there are no snapshots: every node runs this directory as it is",
     "placement_group_id": "node placement is SLURM's: hydra.launcher.constraint / sbatch_extra",
     "tags": "name jobs instead (name=...); `mmt list` shows every job",
@@ -47,7 +46,6 @@ LIGHTNING_DEFAULTS: Dict[str, Any] = {
     "cloud_account_auth": False,
     "reuse_snapshot": True,
     "entrypoint": "sh -c",
-    "max_run_attempts": 1,
 }
 
 # what Job.run takes besides Lightning's parameters (for the message about an unknown one)
@@ -62,6 +60,7 @@ _OWN = (
     "devices",
     "command_mode",
     "max_runtime",
+    "max_run_attempts",
     "env_from",
     "overrides",
 )
@@ -112,6 +111,7 @@ class Job(RegisteredJob):
         devices: Optional[int] = None,
         command_mode: str = "per_node",
         max_runtime: Union[None, int, float, str] = None,
+        max_run_attempts: int = 1,
         env_from: Optional[List[str]] = None,
         overrides: Optional[List[str]] = None,
         **lightning: Any,
@@ -122,7 +122,8 @@ class Job(RegisteredJob):
         ...)``). ``max_runtime``: seconds (Lightning's), or a duration such as "90m", "1h30m", "3600s", before the job
         is stopped; ``devices``: processes per node; ``env_from``: names of variables copied from this process's
         environment (secrets never pass through arguments or files); ``overrides``: more Hydra overrides, e.g. site
-        settings. Lightning's parameters that mean nothing here are accepted with their defaults (None,
+        settings. ``max_run_attempts``: Lightning's meaning, attempts = restarts after a failure + 1 (cluster=local).
+        Lightning's parameters that mean nothing here are accepted with their defaults (None,
         ``interruptible=False`` ...) and refused otherwise, each with mmt's equivalent.
         """
         _refuse_lightning_only(
@@ -138,6 +139,13 @@ class Job(RegisteredJob):
             f"{cls.__name__}.run",
         )
         seconds = max_runtime_s("max_runtime", max_runtime) if max_runtime is not None else None
+        if isinstance(max_run_attempts, bool) or not isinstance(max_run_attempts, int) or max_run_attempts < 1:
+            raise ConfigError(
+                "max_run_attempts",
+                max_run_attempts,
+                "expected a whole number >= 1",
+                "attempts = restarts after a failure + 1, e.g. max_run_attempts=3",
+            )
         spec = RunSpec(
             command=command if command is not None else "",  # refused in one line when empty
             name=name,
@@ -150,6 +158,7 @@ class Job(RegisteredJob):
             devices=devices,
             command_mode=command_mode,
             timeout_min=seconds / 60.0 if seconds is not None else None,
+            max_restarts=max_run_attempts - 1 if max_run_attempts > 1 else None,
             overrides=list(overrides or []),
             detach=True,
         )

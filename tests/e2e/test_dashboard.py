@@ -14,7 +14,7 @@ import pytest
 
 from helpers.app import app_command, app_env, run_app
 from helpers.browser import chromium
-from helpers.dashboard import make_outputs
+from helpers.dashboard import make_job, make_outputs, result_record
 from helpers.paths import REPO
 from mmt.dashboard import data
 
@@ -249,3 +249,25 @@ def test_the_live_page_follows_a_running_2x2_job_and_shows_a_failure(tmp_path, t
     assert grown_points >= {"0", "1"}, (
         f"node charts did not gain points live: first {seen_points}, grown {sorted(grown_points)}"
     )
+
+
+@pytest.mark.browser
+def test_a_restarted_job_shows_its_earlier_runs_and_a_mark_where_the_restart_took_over(tmp_path, tag):
+    """What the restart of a real job leaves (result.json's earlier_runs; metrics.csv whose steps go back to the
+    checkpoint), drawn by a real browser: a dashed mark on each training chart, and every earlier run listed."""
+    runs = tmp_path / "runs"
+    csv = "epoch,step,train_loss,val_loss\n" + "".join(f"0,{s},{9 - s / 10},\n" for s in range(8))
+    csv += "".join(f"0,{s},{9 - s / 10 - 0.01},\n" for s in range(5, 12))  # resumed from step 5
+    earlier = [{"restart": 0, "error": "rank 3 (node 1) was killed by SIGKILL", "duration_s": 12.5}]
+    job_dir = make_job(runs / "restarted" / "0", result=result_record(0, earlier_runs=earlier, restarts=1), csv=csv)
+    with dashboard([runs], tag) as url, chromium(tmp_path, tag) as driver:
+        driver.get(url)
+        row = f'a.job[data-job="{data.opaque_id(job_dir.resolve())}"]'
+        wait_for("the job in the list", lambda: driver.find_elements("css selector", row), 60)
+        driver.find_element("css selector", row).click()
+        marks = "return document.querySelector('.chart[data-kind=\"curve_loss\"]')?.dataset.marks"
+        wait_for("one restart mark on the loss chart", lambda: driver.execute_script(marks) == "1", 60)
+        listed = driver.execute_script("return [...document.querySelectorAll('.runs li')].map((li) => li.textContent)")
+        assert listed == ["run 0 failed after 12.5 s: rank 3 (node 1) was killed by SIGKILL"], listed
+        facts = driver.find_element("css selector", "#view .facts").text
+        assert "restarts 1" in facts, facts

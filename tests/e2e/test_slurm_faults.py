@@ -1,10 +1,12 @@
 """SLURM when the cluster itself acts (issue 21), on the real two-node test cluster: a requeue SLURM starts itself, a
 rank the OOM killer SIGKILLs, USR2 sent to the whole job (batch shell included) again and again."""
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -13,7 +15,7 @@ import pytest
 
 from helpers.app import app_command, app_env, results
 from helpers.paths import REPO
-from helpers.processes import tagged_pids, wait_gone, wait_until
+from helpers.processes import from_a_terminal, tagged_pids, wait_gone, wait_until
 from mmt.core.jobdir import JobDir
 
 pytestmark = pytest.mark.slurm
@@ -199,3 +201,100 @@ def test_max_requeues_0_makes_slurm_refuse_a_requeue(tmp_path, tag):
     assert launcher.returncode == 0, err[-3000:]
     assert results(tmp_path)[0]["status"] == "COMPLETED"
     assert wait_gone(tag, timeout_s=15) == []
+
+
+# ------------------------------------------------------------------------------------------------ slurmctld down
+
+
+@contextlib.contextmanager
+def _slurmctld_stopped():
+    """SIGSTOP the test cluster's slurmctld (a controller that accepts connections and never answers, the worst
+    case); it is continued however the test ends."""
+    pid = int(
+        subprocess.run(["pgrep", "-x", "slurmctld"], capture_output=True, text=True, check=True).stdout.split()[0]
+    )
+    os.kill(pid, signal.SIGSTOP)
+    resume = lambda: os.kill(pid, signal.SIGCONT)  # noqa: E731
+    try:
+        yield resume
+    finally:
+        resume()
+
+
+def test_ctrl_c_while_slurmctld_does_not_answer_is_said_and_acted_on_once_it_does(tmp_path, tag):
+    launcher = subprocess.Popen(
+        app_command("cluster=slurm", "command='sleep 300'", "hydra.launcher.poll_interval_s=0.5", sweep_dir=tmp_path),
+        cwd=REPO,
+        env=app_env(tag),
+        preexec_fn=from_a_terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    job_id = None
+    try:
+        job_id = _job_id(tmp_path)
+        lines: List[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(launcher.stdout.readline, "")), daemon=True)
+        reader.start()
+        with _slurmctld_stopped():
+            launcher.send_signal(signal.SIGINT)  # Ctrl-C
+            # within seconds, not scancel's minute: the console says what it waits for
+            wait_until(lambda: any("did not take the cancel of SLURM job" in line for line in lines), 30, "the notice")
+            time.sleep(5)
+            assert launcher.poll() is None and _in_queue_when_answering(job_id) is None  # nothing decided yet
+        launcher.wait(timeout=60)  # once slurmctld answers, the job is cancelled and the launcher ends
+        reader.join(10)
+        output = "".join(lines)
+        assert f"SLURM job {job_id} cancelled (slurmctld answers again)" in output, output[-3000:]
+        assert results(tmp_path)[0]["status"] == "INTERRUPTED"
+        wait_until(lambda: not _in_queue(job_id), 60, "the job to leave the queue")
+    finally:
+        _cancel(launcher, job_id)
+
+
+def _in_queue_when_answering(job_id: str) -> Optional[bool]:
+    """None while slurmctld does not answer (squeue fails within 3 s), else whether the job is queued."""
+    try:
+        done = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=3)
+    except subprocess.TimeoutExpired:
+        return None
+    return job_id in done.stdout.split() if done.returncode == 0 else None
+
+
+def test_a_job_that_concluded_itself_is_reported_while_slurmctld_does_not_answer(tmp_path, tag):
+    launcher = _launch(tmp_path, tag, "command='sleep 8; exit 3'", "hydra.launcher.poll_interval_s=0.5")
+    job_id = None
+    try:
+        job_id = _job_id(tmp_path)
+        with _slurmctld_stopped():
+            # the job fails and its own last step writes result.json inside the allocation; the launcher reads it
+            output, _ = launcher.communicate(timeout=90)
+        assert launcher.returncode != 0
+        assert "slurmctld is not answering" in output and "the job concluded itself inside its allocation: FAILED" in (
+            output
+        ), output[-3000:]
+        result = results(tmp_path)[0]
+        assert result["status"] == "FAILED" and result["failure"]["exit_code"] == 3
+    finally:
+        _cancel(launcher, job_id)
+
+
+def test_a_submission_whose_sbatch_times_out_leaves_no_unknown_job(tmp_path, tag):
+    name = f"lost{os.getpid()}"
+    with _slurmctld_stopped():
+        launcher = _launch(tmp_path, tag, "command='sleep 300'", f"hydra.launcher.name={name}")
+        time.sleep(20)  # sbatch gives up after slurmctld's MessageTimeout (10 s); the request stays in its socket
+    # slurmctld catches up and creates the job; the launcher finds it by its name and cancels it
+    output, errors = launcher.communicate(timeout=180)
+    assert launcher.returncode != 0
+    line = next(line for line in errors.splitlines() if "sbatch gave up waiting for slurmctld" in line)
+    assert "was cancelled, nothing is left queued. HINT: submit again" in line, errors[-3000:]
+    assert "Traceback" not in errors
+    queued = subprocess.run(["squeue", "-h", "-n", f"mmt-{name}-0", "-o", "%i %T"], capture_output=True, text=True)
+    wait_until(
+        lambda: subprocess.run(["squeue", "-h", "-n", f"mmt-{name}-0"], capture_output=True, text=True).stdout == "",
+        60,
+        f"the job to leave the queue: {queued.stdout}",
+    )
+    assert _row(f"{name}-0") == {}  # never registered: nothing anyone could stop or wait for

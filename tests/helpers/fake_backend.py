@@ -3,7 +3,7 @@ the tests; it plugs into mmt through mmt.backends.registry, as a third backend w
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
@@ -41,6 +41,8 @@ class FakeJob(JobHandle):
 @dataclass
 class FakeSettings:
     scripts: Dict[int, Script] = field(default_factory=dict)
+    # a run's own script, by (job number, restart): what a restarted job does on that run
+    runs: Dict[Tuple[int, int], Script] = field(default_factory=dict)
     survives_launcher: bool = False
 
 
@@ -87,7 +89,9 @@ class FakeBackend(Backend[FakeJob], Watcher[FakeJob]):
         raise AssertionError("not used here")
 
     def submit(self, submission: Submission) -> FakeJob:
-        script = self.settings.scripts.get(submission.plan.num, Script())
+        script = self.settings.runs.get((submission.plan.num, submission.restart)) or self.settings.scripts.get(
+            submission.plan.num, Script()
+        )
         if script.refuse_submit:
             raise RuntimeError(f"the fake scheduler refused job {submission.plan.num}")
         job = FakeJob(submission=submission, script=script)

@@ -27,6 +27,30 @@ def registered(prefix: str) -> Dict[str, dict]:
     return {row["name"]: {**dict(row), "result": json.loads(row["result"] or "null")} for row in rows}
 
 
+# The registry's files (database, WAL, shared memory) that hold ``needle`` (argv: <needle> <file ...>). Read in a
+# process of its own: opening and closing any of them in a process that also has the registry open through SQLite
+# (this one does: the live page's client) drops that process's POSIX locks on it, and SQLite then reads a WAL it
+# no longer protects ("database disk image is malformed", "How To Corrupt An SQLite Database File", 2.2).
+_FILES_HOLDING = """
+import json, sys
+from pathlib import Path
+needle = sys.argv[1].encode()
+print(json.dumps([name for name in sys.argv[2:] if Path(name).is_file() and needle in Path(name).read_bytes()]))
+"""
+
+
+def registry_files_holding(needle: str) -> List[str]:
+    """The registry's files whose bytes hold ``needle``."""
+    from mmt.records.registry import Registry
+
+    files = [str(path) for path in sorted(Registry().path.parent.glob("registry.sqlite*"))]
+    assert files, "no registry"
+    done = subprocess.run(
+        [sys.executable, "-c", _FILES_HOLDING, needle, *files], capture_output=True, text=True, timeout=60, check=True
+    )
+    return json.loads(done.stdout)
+
+
 # A launcher SIGKILLed mid-submit (as the OOM killer might). Watching the registry from outside and killing on the
 # first record comes too late on a busy host: locally four jobs are submitted within milliseconds of being
 # registered. The launcher kills its own process group instead, the moment it is about to hand job ``nth`` to its

@@ -149,10 +149,18 @@ def test_training_curves_from_lightning_and_mmt_csv(tmp_path):
     lightning = "epoch,step,train_loss,val_loss\n0,0,9.2,\n0,1,9.0,\n0,1,,8.5\n0,2,8.7,\n0,3,8.4"
     curves = data.training_curves(make_job(tmp_path / "0", csv=lightning))
     # the row still being written (no newline) is left out; a step's train and val rows are merged
-    assert curves == {"step": [0.0, 1.0, 2.0], "series": {"train_loss": [9.2, 9.0, 8.7], "val_loss": [None, 8.5, None]}}
+    assert curves == {
+        "step": [0.0, 1.0, 2.0],
+        "series": {"train_loss": [9.2, 9.0, 8.7], "val_loss": [None, 8.5, None]},
+        "restarts": [],
+    }
     own = data.training_curves(make_job(tmp_path / "1", csv="step,train_loss,val_loss\n0,2.0,\n1,1.5,1.7\n"))
-    assert own == {"step": [0.0, 1.0], "series": {"train_loss": [2.0, 1.5], "val_loss": [None, 1.7]}}
-    assert data.training_curves(tmp_path / "2") == {"step": [], "series": {}}
+    assert own == {"step": [0.0, 1.0], "series": {"train_loss": [2.0, 1.5], "val_loss": [None, 1.7]}, "restarts": []}
+    assert data.training_curves(tmp_path / "2") == {"step": [], "series": {}, "restarts": []}
+    # a restarted run resumed at step 1 from its checkpoint: a mark there, and its rows win
+    restarted = "epoch,step,train_loss,val_loss\n0,0,9.2,\n0,1,9.0,\n0,2,8.7,\n0,1,8.9,\n0,2,8.6,\n0,3,8.3,\n"
+    curves = data.training_curves(make_job(tmp_path / "3", csv=restarted))
+    assert curves["restarts"] == [1.0] and curves["series"]["train_loss"] == [9.2, 8.9, 8.6, 8.3]
 
 
 def test_log_ranges_tail_then_follow_from_an_offset(tmp_path):
@@ -401,7 +409,7 @@ def test_symlinks_in_a_job_dir_never_serve_their_targets(tmp_path):
         assert detail["overrides"] == [] and detail["failure"] is None and detail["error"] is None
         assert detail["metric_nodes"] == [] and detail["curves_version"] is None
         assert client.get(f"/api/jobs/{job_id(job)}/metrics").json() == {"nodes": []}
-        assert client.get(f"/api/jobs/{job_id(job)}/curves").json() == {"step": [], "series": {}}
+        assert client.get(f"/api/jobs/{job_id(job)}/curves").json() == {"step": [], "series": {}, "restarts": []}
     assert client.get(f"/api/jobs/{job_id(control)}/curves").json()["series"] == {"train_loss": [2.0]}
 
 

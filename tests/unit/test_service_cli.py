@@ -291,7 +291,6 @@ def test_a_max_runtime_that_is_no_duration_is_one_clear_line(submitted: List[Any
         ("cloud_account", "acct", "mmt runs on this host or on SLURM: use cluster="),
         ("interruptible", True, "preemption is SLURM's"),
         ("studio", "s", "mmt runs in this environment"),
-        ("max_run_attempts", 3, "hydra.launcher.max_requeues"),
     ],
 )
 def test_lightning_parameters_with_a_meaning_elsewhere_are_refused_with_the_equivalent(
@@ -304,6 +303,18 @@ def test_lightning_parameters_with_a_meaning_elsewhere_are_refused_with_the_equi
         Job.run(command="true", **{key: value})
     assert f"Invalid {key}={value!r}: a Lightning AI parameter that mmt does not have. HINT: " in str(raised.value)
     assert hint in str(raised.value) and submitted == []
+
+
+def test_max_run_attempts_has_lightnings_meaning_attempts_are_restarts_plus_one(submitted: List[Any]) -> None:
+    from mmt import Job
+
+    Job.run(command="true", max_run_attempts=3)
+    Job.run(command="true")
+    assert [spec.max_restarts for spec in submitted] == [2, None]
+    for bad in (0, True, "3", 1.5):
+        with pytest.raises(ConfigError, match=r"^Invalid max_run_attempts=.*: expected a whole number >= 1\. HINT: "):
+            Job.run(command="true", max_run_attempts=bad)
+    assert len(submitted) == 2
 
 
 def test_an_unknown_parameter_names_what_there_is(submitted: List[Any]) -> None:

@@ -84,7 +84,7 @@ def _answers(monkeypatch, answers: Dict[str, Optional[str]]) -> List[List[str]]:
     """queue._run answering each command (by its name) with its text, or failing (None); the calls made."""
     calls: List[List[str]] = []
 
-    def run(args, env=None):
+    def run(args, env=None, timeout_s=30):
         calls.append(list(args))
         return answers.get(args[0])
 

@@ -97,6 +97,16 @@ class JobConf:
     # its port held for it, TF's thread counts); jax (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).
     # A recipe or app may set it (docs/frameworks.md)
     framework: str = "none"
+    # restarts of a failed job (a rank raised, exited non-zero, was killed, its node lost): every rank stopped, then
+    # the whole job started again in its dir, MMT_RESTART_COUNT one higher; never after Ctrl-C, mmt stop or the
+    # time limit (docs/failures.md)
+    max_restarts: int = 0
+    # seconds between a failure and its restart
+    restart_backoff_s: float = 1.0
+    # minutes without progress (no new output from any rank, no training step) after which the job has hung: every
+    # Python rank's stack is written to <job dir>/stacks/ and the job fails (and so may restart); null = off. The
+    # top-level key is the recipe's (recipe=lm sets 10): it does not apply to a command run instead of the recipe
+    hang_timeout_min: Any = "${oc.select:hang_timeout_min,null}"
 
 
 @dataclass

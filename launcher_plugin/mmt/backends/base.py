@@ -35,6 +35,10 @@ class Submission:
     attempt: Attempt
     # the values of plan.env_from, read from the launcher's environment (secrets: never printed)
     copied_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # a restart after a failure: which one (MMT_RESTART_COUNT), and the seconds of the job's time limit the
+    # earlier runs used (the limit is the job's, not each run's)
+    restart: int = 0
+    time_used_s: float = 0.0
 
 
 @dataclass

@@ -61,6 +61,7 @@ _FLAG_OF = {
         "devices": "--devices",
         "command_mode": "--command-mode",
         "max_runtime": "--max-runtime",
+        "max_restarts": "--max-restarts",
         "name": "--name",
     },
     "logs": {"rank": "--rank", "tail": "--tail"},
@@ -114,6 +115,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--max-runtime", metavar="DURATION", help="stop the job after this long: seconds (3600), or 90m, 1h30m, 2h ..."
+    )
+    run.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        help="restart the whole job after a failure, at most N times (cluster=local); never after a stop",
     )
     run.add_argument(
         "--set",
@@ -243,6 +250,7 @@ def _run(args: argparse.Namespace) -> int:
         devices=args.devices,
         command_mode=args.command_mode,
         timeout_min=seconds / 60.0 if seconds is not None else None,
+        max_restarts=args.max_restarts,
         dry_run=args.dry_run,
         detach=args.detach,
         overrides=args.overrides + (["hydra.launcher.dashboard=true"] if args.dashboard else []),
@@ -294,7 +302,7 @@ def _list(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     table = Table(box=None, header_style="bold")
-    for column in ("NAME", "STATUS", "CLUSTER", "MACHINE", "NODES x DEV", "CREATED", "DURATION", "METRIC"):
+    for column in ("NAME", "STATUS", "CLUSTER", "MACHINE", "NODES x DEV", "RESTARTS", "CREATED", "DURATION", "METRIC"):
         table.add_column(column)
     colours = {"Completed": "green", "Failed": "red", "Running": "cyan", "Stopped": "yellow"}
     for row in rows:
@@ -306,6 +314,7 @@ def _list(args: argparse.Namespace) -> int:
             row["cluster"],
             row["machine"],
             row["topology"],
+            str(row["restarts"]),
             row["created"],
             "-" if row["duration_s"] is None else f"{row['duration_s']} s",
             row["metric"] or "-",
@@ -347,6 +356,11 @@ def _inspect(args: argparse.Namespace) -> int:
         print("files         " + str(JobDirGone(record)))
     if facts["scheduler"]:
         print("scheduler     " + facts["scheduler"])
+    if facts["restarts"]:
+        print(f"restarts      {facts['restarts']}")
+    for run in facts["earlier_runs"]:
+        took = "" if run["duration_s"] is None else f" after {run['duration_s']:.1f} s"
+        print(f"run {run['restart']:<9} failed{took}: {run['error']}")
     result = record.result_record()
     if result is not None and result.error:
         print("error         " + result.error)

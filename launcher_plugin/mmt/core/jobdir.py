@@ -141,6 +141,15 @@ class JobDir:
         return self.logs / process_log_name(node_rank, rank, per_node)
 
     @property
+    def stacks(self) -> Path:
+        """The Python stacks of a hung job's processes (``stacks/``; an earlier run's in ``stacks/run.<n>/``)."""
+        return self.root / "stacks"
+
+    def stack_file(self, node_rank: int, rank: int, per_node: bool) -> Path:
+        """Where a hung job's process wrote its Python stack (``stacks/node<n>.rank<r>.txt``)."""
+        return self.stacks / process_log_name(node_rank, rank, per_node).replace(".log", ".txt")
+
+    @property
     def previous_logs(self) -> Path:
         return self.logs / PREVIOUS_LOGS
 
@@ -307,6 +316,36 @@ class Attempt:
 
     def agent_file(self, node_rank: int) -> Path:
         return self.dir / f"agent.{node_rank}.json"
+
+    @property
+    def earlier_runs_file(self) -> Path:
+        """The runs that failed and were restarted inside a SLURM allocation (mmt.records.restarts)."""
+        return self.dir / "earlier_runs.json"
+
+    @property
+    def hang_file(self) -> Path:
+        """Why the run was stopped as hung (mmt.monitor.hangs), written by a SLURM node agent."""
+        return self.dir / "hang.json"
+
+    def heartbeat_file(self, index: int) -> Path:
+        """Touched by process ``index`` as it makes progress (mmt.core.stacks)."""
+        return self.dir / f"heartbeat.{index}"
+
+    def set_run_aside(self, restart: int) -> Path:
+        """Before a restart: what the processes of run ``restart`` reported moves to ``run.<restart>/``, so the
+        next run's records start empty (its payload stays). OSError when they cannot be moved."""
+        aside = self.dir / f"run.{restart}"
+        make_private_dir(aside)
+        reported = ("error.*.json", "exit.*.json", "done.*", "agent.*.json", "return.pkl", "heartbeat.*", "hang.json")
+        for pattern in reported:
+            for path in self.dir.glob(pattern):
+                path.rename(aside / path.name)
+        stacks = self.job_dir.stacks
+        if any(stacks.glob("*.txt")):  # a hang's stacks stay, under the run's number
+            (stacks / aside.name).mkdir(exist_ok=True)
+            for path in stacks.glob("*.txt"):
+                path.rename(stacks / aside.name / path.name)
+        return aside
 
     def requeued_file(self, restart: int) -> Path:
         return self.dir / f"requeued.{restart}"

@@ -20,6 +20,9 @@ GLOBAL_RANK        RANK again, where RANK is set (LitData's name)
 NNODES             N (LitData's name)
 MMT_NODE_ADDRS     every node's address, comma-separated, in node order (MASTER_ADDR is the first)
 MMT_NODE_ADDR      this node's own entry of MMT_NODE_ADDRS
+MMT_RESTART_COUNT  how many times mmt restarted the job after a failure (0 first); the same on every rank
+MMT_MAX_RESTARTS   how many times it may (hydra.launcher.max_restarts): a recipe then checkpoints where it resumes
+                   exactly
 OMP_NUM_THREADS    cores per node // M, unless the user set it
 =================  ==========================================================
 
@@ -86,6 +89,10 @@ JAX_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
 JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 JAX_PROCESS_ID = "JAX_PROCESS_ID"
 JAX_LOCAL_DEVICE_IDS = "JAX_LOCAL_DEVICE_IDS"
+# restarts after a failure (hydra.launcher.max_restarts): one count for the whole job, never per node (torchrun's
+# TORCHELASTIC_RESTART_COUNT is per agent); SLURM's own requeues are counted apart (SLURM_RESTART_COUNT)
+MMT_RESTART_COUNT = "MMT_RESTART_COUNT"
+MMT_MAX_RESTARTS = "MMT_MAX_RESTARTS"
 # where the job writes (its Hydra output dir) and which job this is; handy for `command=` scripts
 MMT_JOB_DIR = "MMT_JOB_DIR"
 MMT_JOB_ID = "MMT_JOB_ID"
@@ -117,6 +124,8 @@ RESERVED = frozenset(
         NNODES,
         MMT_NODE_ADDRS,
         MMT_NODE_ADDR,
+        MMT_RESTART_COUNT,
+        MMT_MAX_RESTARTS,
         TF_CONFIG,
         JAX_COORDINATOR_ADDRESS,
         JAX_NUM_PROCESSES,
@@ -164,6 +173,9 @@ _SCRUB_NAMES = RESERVED | {
     JAX_LOCAL_DEVICE_IDS,
     "JAX_COORDINATOR_PORT",
     "JAX_COORDINATOR_BIND_ADDRESS",
+    # another job's heartbeat and stack file (a launch from inside a job): never this job's
+    "MMT_HEARTBEAT",
+    "MMT_STACKS_FILE",
 }
 
 
@@ -269,6 +281,8 @@ def contract_env(
     node_addrs: Sequence[str] = (),
     framework: str = FRAMEWORK_NONE,
     framework_ports: Sequence[Any] = (),
+    restart: int = 0,
+    max_restarts: int = 0,
 ) -> Dict[str, str]:
     """The contract variables of one process, and nothing else.
 
@@ -277,6 +291,7 @@ def contract_env(
     ``extra``: launcher-owned additions (:func:`batch_env`, :func:`topology_hints`); they may not change the rest.
     ``node_addrs``: every node's address in node order (empty: ``master_addr`` for every node, as on one host).
     ``framework``/``framework_ports``: the job's framework and the ports held for it (:func:`framework_port_count`).
+    ``restart``/``max_restarts``: how many times the job was restarted after a failure, and may be.
     """
     addrs = list(node_addrs) or [master_addr] * place.num_nodes
     assert len(addrs) == place.num_nodes, f"{len(addrs)} node addresses for {place.num_nodes} nodes"
@@ -293,6 +308,8 @@ def contract_env(
         MMT_NODE_ADDR: addrs[place.node_rank],
         MMT_JOB_DIR: job_dir,
         MMT_JOB_ID: job_id,
+        MMT_RESTART_COUNT: str(restart),
+        MMT_MAX_RESTARTS: str(max_restarts),
     }
     if per_node:
         env.update(topology_hints(place.num_nodes, place.local_world_size))
@@ -405,6 +422,9 @@ class RankInfo:
     grad_accum: Optional[int] = None
     # every node's address in node order (MMT_NODE_ADDRS); () outside a job
     node_addrs: Tuple[str, ...] = ()
+    # restarts after a failure so far (the same on every rank), and how many the job may have
+    restart_count: int = 0
+    max_restarts: int = 0
 
     @property
     def is_main(self) -> bool:
@@ -441,6 +461,8 @@ class RankInfo:
             micro_batch_size=number(MMT_MICRO_BATCH_SIZE, None),
             grad_accum=number(MMT_GRAD_ACCUM, None),
             node_addrs=tuple(a for a in env.get(MMT_NODE_ADDRS, "").split(",") if a),
+            restart_count=number(MMT_RESTART_COUNT, 0),
+            max_restarts=number(MMT_MAX_RESTARTS, 0),
         )
 
     def batch_sizes(

@@ -450,6 +450,8 @@ def job_detail(job_id: str, root: Path) -> dict[str, Any]:
             "metric_nodes": [node for node, _ in metrics_files(root)],
             "curves_version": _mtime_ns(root, TRAINING_METRICS),
             "return_value": result.get("return_value") if result else None,
+            # the runs that failed and were restarted, each with its failure and duration (hydra.launcher.max_restarts)
+            "earlier_runs": result.get("earlier_runs") or [] if result else [],
         }
     )
 
@@ -592,7 +594,8 @@ def node_metrics(root: Path, since: float | None = None, limit: int = MAX_POINTS
 
 def parse_curves(text: str) -> dict[str, Any]:
     """metrics.csv (Lightning's CSVLogger: epoch,step,train_loss,val_loss,... with empty cells, or mmt's
-    step,train_loss,...) as one row per step, each column a series with None where a step has no value."""
+    step,train_loss,...) as one row per step, each column a series with None where a step has no value; ``restarts``:
+    the steps where a later run took over (its step went back: resumed from a checkpoint), whose rows win."""
     lines = text.split("\n")
     if not text.endswith("\n"):
         lines = lines[:-1]  # a row still being written
@@ -602,10 +605,15 @@ def parse_curves(text: str) -> dict[str, Any]:
     header, body = rows[0], [r for r in rows[1:] if r]
     step_col = header.index("step") if "step" in header else None
     by_step: dict[float, dict[str, float]] = {}
+    restarts: list[float] = []
+    previous: float | None = None
     for i, row in enumerate(body):
         step = to_number(row[step_col]) if step_col is not None and step_col < len(row) else float(i)
         if step is None:
             continue
+        if previous is not None and step < previous:
+            restarts.append(step)  # a run resumed from an earlier checkpoint (a restart, a requeue): its rows win
+        previous = step
         merged = by_step.setdefault(step, {})
         for name, cell in zip(header, row):
             value = to_number(cell) if cell and name not in ("step", "epoch") else None
@@ -613,7 +621,8 @@ def parse_curves(text: str) -> dict[str, Any]:
                 merged[name] = value  # Lightning writes a step's train and val values on separate rows
     steps = sorted(by_step)
     names = [n for n in header if n not in ("step", "epoch") and any(n in by_step[s] for s in steps)]
-    return {"step": steps, "series": {n: [by_step[s].get(n) for s in steps] for n in names}}
+    series = {n: [by_step[s].get(n) for s in steps] for n in names}
+    return {"step": steps, "series": series, "restarts": restarts}
 
 
 def _parse_csv(path: Path, st: os.stat_result) -> dict[str, Any]:
@@ -635,11 +644,12 @@ def training_curves(root: Path, limit: int = MAX_CURVE_POINTS) -> dict[str, Any]
     path = inside(root, TRAINING_METRICS)
     curves = CACHE.get("curves", path, _parse_csv) if path else None
     if not curves:
-        return {"step": [], "series": {}}
+        return {"step": [], "series": {}, "restarts": []}
     keep = thin(list(range(len(curves["step"]))), limit)
     return {
         "step": [curves["step"][i] for i in keep],
         "series": {n: [values[i] for i in keep] for n, values in curves["series"].items()},
+        "restarts": curves.get("restarts", []),
     }
 
 

@@ -38,6 +38,7 @@ from mmt.planning.plan import JobPlan
 from mmt.planning.redact import env_names_in, masked_overrides
 from mmt.records.outcome import (
     JobOutcome,
+    error_for,
     missing_result,
     outcome_of_record,
     read_primary_return,
@@ -49,7 +50,8 @@ from mmt.records.outcome import (
 from mmt.records.ownership import Claim, claim
 from mmt.records.payload import JobPayload, discard_payload, write_payload
 from mmt.records.registry import JobRecord, Registry
-from mmt.records.schema import OwnerRecord, ResultRecord, UnknownSchemaError
+from mmt.records.restarts import recorded, with_earlier_runs
+from mmt.records.schema import EarlierRun, OwnerRecord, ResultRecord, UnknownSchemaError
 
 _TICK_S = 0.05
 
@@ -122,6 +124,13 @@ class _Watched:
     followers: List[LogFollower] = field(default_factory=list)
     running_seen: bool = False
     report: Optional[JobReport] = None
+    # restarts (plan.max_restarts; only for jobs this process supervises): the values its processes need again, the
+    # runs that failed so far, and the failed run's outcome while the back-off runs
+    copied_env: Dict[str, str] = field(default_factory=dict, repr=False)
+    earlier_runs: List[EarlierRun] = field(default_factory=list)
+    run_started_at: float = 0.0
+    restart_at: Optional[float] = None
+    failed_run: Optional[JobOutcome] = None
 
 
 # ------------------------------------------------------------------------------------------------ before anything
@@ -231,6 +240,8 @@ def _start(
                     claim=claims[plan.num],
                     started_at=time.time(),
                     survives_launcher=backend.survives_launcher,
+                    copied_env=dict(job.copied_env),
+                    run_started_at=time.time(),
                 )
             )
             scheduler_id = backend.poll(handle).scheduler_id
@@ -479,6 +490,15 @@ def _watch(
             if item.report is not None:
                 states[item.plan.num] = item.report.outcome.status.value
                 continue
+            if item.failed_run is not None:  # between a failure and its restart
+                assert item.claim is not None
+                if interrupted or (check_stops and item.claim.stop_requested()):
+                    item.earlier_runs.pop()  # never restarted: the run that failed is the job's last
+                    item.report = _conclude(item, item.failed_run, console, options.registry)
+                elif item.restart_at is not None and time.monotonic() >= item.restart_at:
+                    _restart(item, backend, console, options.registry)
+                states[item.plan.num] = JobState.RUNNING.value
+                continue
             status = backend.poll(item.handle)
             if status.state != JobState.PENDING and not item.running_seen:
                 item.running_seen = True
@@ -488,14 +508,82 @@ def _watch(
             for follower in item.followers:
                 follower.poll()
             if status.outcome is not None:
-                item.report = _conclude(item, status.outcome, console, options.registry)
+                if not interrupted and _may_restart(item, status.outcome):
+                    _schedule_restart(item, status.outcome, console)
+                else:
+                    item.report = _conclude(item, status.outcome, console, options.registry)
             elif check_stops and item.claim is not None and item.claim.stop_requested():
                 backend.cancel(item.handle, "stopped on request (mmt stop)")
             states[item.plan.num] = item.report.outcome.status.value if item.report else status.state.value
         progress.update(states)
     progress.close()
+    for notice in backend.drain_notices():  # what the last poll said (how a job concluded while SLURM was silent)
+        console.write(notice + "\n")
     report.jobs = [item.report for item in watched if item.report is not None]
     return report
+
+
+# ------------------------------------------------------------------------------------------------ restarts
+
+
+def _may_restart(item: _Watched, outcome: JobOutcome) -> bool:
+    """Only a failure restarts (a stop, Ctrl-C or the time limit never does), only while restarts are left, and only
+    a job this process supervises (its claim: never a job another process watches, nor one that concludes itself)."""
+    return (
+        outcome.status == JobState.FAILED
+        and item.claim is not None
+        and not item.survives_launcher
+        and len(item.earlier_runs) < item.plan.max_restarts
+        and not item.claim.stop_requested()
+    )
+
+
+def _schedule_restart(item: _Watched, outcome: JobOutcome, console: Console) -> None:
+    plan, restart = item.plan, len(item.earlier_runs)
+    for follower in item.followers:
+        follower.poll()
+    error = first_line(str(error_for(plan, outcome)))
+    item.earlier_runs.append(
+        EarlierRun(
+            restart=restart,
+            error=error,
+            started_at=item.run_started_at,
+            ended_at=time.time(),
+            duration_s=outcome.duration_s,
+        )
+    )
+    item.failed_run, item.restart_at = outcome, time.monotonic() + plan.restart_backoff_s
+    console.write(
+        f"mmt: #{plan.num} {plan.name} failed: {error}\n"
+        f"mmt: #{plan.num} {plan.name}: restart {restart + 1} of {plan.max_restarts}, every rank, "
+        f"in {plan.restart_backoff_s:g} s\n"
+    )
+
+
+def _restart(item: _Watched, backend: JobTracker[Any], console: Console, registry: Optional[Registry]) -> None:
+    """Start the whole job again: same name, dir, attempt (its payload) and registry record; the failed run's
+    process records set aside, MMT_RESTART_COUNT one higher, the time limit what the earlier runs left of it."""
+    assert isinstance(backend, Backend) and item.failed_run is not None
+    restart = len(item.earlier_runs)
+    attempt = item.handle.attempt
+    try:
+        attempt.set_run_aside(restart - 1)
+    except OSError as exc:  # the next run would read this run's failure as its own: give up restarting
+        console.write(f"mmt: #{item.plan.num} {item.plan.name}: cannot restart: {attempt.dir}: {exc}\n")
+        item.earlier_runs.pop()
+        item.report = _conclude(item, item.failed_run, console, registry)
+        return
+    used = sum(run.duration_s or 0.0 for run in item.earlier_runs)
+    item.handle = backend.submit(
+        Submission(plan=item.plan, attempt=attempt, copied_env=item.copied_env, restart=restart, time_used_s=used)
+    )
+    item.failed_run = item.restart_at = None
+    item.run_started_at = time.time()
+    if registry is not None:
+        try:
+            registry.update(item.plan.name, restarts=restart)
+        except Exception as exc:  # the job runs on; the registry learns the count at the end
+            console.write(f"mmt: could not update the job registry: {exc}\n")
 
 
 def _mark_detached(registry: Optional[Registry], names: List[str]) -> None:
@@ -535,6 +623,8 @@ def _conclude(item: _Watched, outcome: JobOutcome, console: Console, registry: O
         record = result_record(
             plan, outcome, return_value_of(primary), attempt.id, started_at=item.started_at, ended_at=time.time()
         )
+        # the runs this process restarted, else those a restart inside a SLURM allocation recorded
+        record = with_earlier_runs(record, item.earlier_runs or recorded(attempt))
         try:
             write_result(plan, record)
         except OSError as exc:
@@ -548,7 +638,13 @@ def _conclude(item: _Watched, outcome: JobOutcome, console: Console, registry: O
     # an orphan, even one whose job dir (and so whose result.json) is gone
     if registry is not None:
         try:
-            registry.update(plan.name, state=outcome.status.value, ended_at=time.time(), result=record.to_dict())
+            registry.update(
+                plan.name,
+                state=outcome.status.value,
+                ended_at=time.time(),
+                result=record.to_dict(),
+                restarts=record.restarts,
+            )
         except Exception as exc:  # the job dir has the result; the registry reconciles from it later
             console.write(f"mmt: could not update the job registry: {exc}\n")
     if item.claim is not None:
@@ -608,6 +704,10 @@ def summarise(
         metric_name = metric["name"] if metric["value"] != "-" else metric_name
         note = "" if outcome.status == JobState.COMPLETED else first_line(job.record.error or "")
         note = note.removeprefix(f"{plan.label}: ")
+        if job.record.restarts and outcome.status == JobState.COMPLETED:
+            note = f"completed after {job.record.restarts} restart(s): " + "; ".join(
+                f"run {run.restart}: {run.error.removeprefix(f'{plan.label}: ')}" for run in job.record.earlier_runs
+            )
         rows.append(
             SummaryRow(
                 job=plan.num,

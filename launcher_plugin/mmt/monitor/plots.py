@@ -116,6 +116,7 @@ def _serve() -> None:
 
 
 CURVES = ("train_loss", "val_loss")  # the columns plotted from metrics.csv; both recipe styles name them so
+RATE = "tokens_per_s"  # recipe=llm's throughput column: a panel of its own where a job wrote it
 _NO_METRIC = {"metric", "result"}  # the metric column of summary.csv when the engine found no metric
 _FAILED_Y = 0.03  # failed jobs sit at the bottom of a metric panel (axes coordinates)
 
@@ -176,7 +177,7 @@ def _read_curves(path: Path) -> Dict[str, Curve]:
     curves: Dict[str, List[Tuple[float, float]]] = {}
     for index, row in enumerate(rows):
         step = _parse(row.get("step"))
-        for column in CURVES:
+        for column in (*CURVES, RATE):
             value = _parse(row.get(column))
             if value is not None:
                 curves.setdefault(column, []).append((index if step is None else step, value))
@@ -424,6 +425,18 @@ def _curves_panel(ax: "Axes", jobs: Sequence[_Job]) -> None:
     _legend(ax, [line for line in ax.get_lines() if not str(line.get_label()).startswith("_")])
 
 
+def _rates_panel(ax: "Axes", jobs: Sequence[_Job]) -> None:
+    """The job's tokens/s against step (recipe=llm's metrics.csv), one line per job."""
+    for index, job in enumerate(jobs):
+        if RATE in job.curves:
+            ax.plot(*job.curves[RATE], "-", color=_color(index), linewidth=1.2, label=job.label)
+    ax.set_title("throughput: tokens/s of the job")
+    ax.set_xlabel("step")
+    ax.set_ylabel("tokens/s")
+    ax.grid(True, alpha=0.3)
+    _legend(ax, list(ax.get_lines()))
+
+
 def _legend(ax: "Axes", handles: List[Any]) -> None:
     """Below the panel's x label, where it hides no data; the constrained layout makes room for it."""
     if handles:  # borderaxespad is in font sizes: 5 x 7 pt clears the tick labels and the x label
@@ -471,13 +484,14 @@ def sweep_figure(sweep_dir: Path) -> Optional["Figure"]:
 def _draw(sweep_dir: Path) -> Optional[Tuple["Figure", List[_Job], str]]:
     """The sweep's figure (see ``sweep_figure``), the jobs drawn in it and the metric's name."""
     jobs, metric = _load(sweep_dir)
-    with_curves = any(job.curves for job in jobs)
+    with_curves = any(set(job.curves) & set(CURVES) for job in jobs)
+    with_rates = any(RATE in job.curves for job in jobs)
     if not jobs or not worth_drawing(len(jobs), with_curves):
         return None
     swept = _swept(jobs)
     _label_jobs(jobs, swept)
     panels: List[Optional[str]] = list(swept) or [None]
-    count = len(panels) + with_curves
+    count = len(panels) + with_curves + with_rates
     cols = min(count, 3)
     rows = math.ceil(count / cols)
 
@@ -493,6 +507,8 @@ def _draw(sweep_dir: Path) -> Optional[Tuple["Figure", List[_Job], str]]:
         _metric_panel(ax, jobs, param, swept, metric)
     if with_curves:
         _curves_panel(axes[len(panels)], jobs)
+    if with_rates:
+        _rates_panel(axes[len(panels) + with_curves], jobs)
     statuses: Dict[str, int] = {}
     for job in jobs:
         statuses[job.status] = statuses.get(job.status, 0) + 1

@@ -24,6 +24,19 @@ _TAIL_BYTES = 32 * 1024
 
 def last_step(path: Path) -> Optional[Tuple[int, Optional[float]]]:
     """(step, train loss) of the newest training row of a metrics.csv, read from its end only."""
+    found = _last_step_and_rate(path)
+    return None if found is None else found[:2]
+
+
+def _number(cell: Optional[str]) -> Optional[float]:
+    try:
+        return float(cell) if cell not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def _last_step_and_rate(path: Path) -> Optional[Tuple[int, Optional[float], Optional[float]]]:
+    """``last_step`` and the newest row's ``tokens_per_s`` (recipe=llm writes it; None where a file has none)."""
     try:
         with open(path, "rb") as handle:
             header = handle.readline().decode(errors="replace")
@@ -34,19 +47,20 @@ def last_step(path: Path) -> Optional[Tuple[int, Optional[float]]]:
     except OSError:
         return None
     lines = tail.splitlines()[1:] if size > _TAIL_BYTES else tail.splitlines()
-    best: Optional[Tuple[int, Optional[float]]] = None
+    best: Optional[Tuple[int, Optional[float], Optional[float]]] = None
     for row in csv.DictReader(io.StringIO(header + "\n".join(lines))):
         try:
             step = int(float(row.get("step") or ""))
         except ValueError:
             continue
-        loss = row.get("train_loss")
-        try:
-            value: Optional[float] = float(loss) if loss not in (None, "") else None
-        except ValueError:
-            value = None
+        value, rate = _number(row.get("train_loss")), _number(row.get("tokens_per_s"))
         if best is None or step >= best[0]:
-            best = (step, value if value is not None else (best[1] if best and best[0] == step else None))
+            same = best is not None and best[0] == step
+            best = (
+                step,
+                value if value is not None else (best[1] if best and same else None),
+                rate if rate is not None else (best[2] if best and same else None),
+            )
     return best
 
 
@@ -61,13 +75,15 @@ class _Job:
     loss: Optional[float] = None
     first_seen: Optional[Tuple[float, int]] = None  # (time, step) of the first step seen, for the rate
     eta_s: Optional[float] = None
+    tokens_per_s: Optional[float] = None  # the job's, where the recipe logs it (recipe=llm)
 
     def read(self, now: float) -> None:
-        found = last_step(self.metrics)
+        found = _last_step_and_rate(self.metrics)
         if found is None:
             return
-        self.step, loss = found
+        self.step, loss, rate = found
         self.loss = loss if loss is not None else self.loss
+        self.tokens_per_s = rate if rate is not None else self.tokens_per_s
         if self.first_seen is None:
             self.first_seen = (now, self.step)
         elif self.total and self.step > self.first_seen[1]:
@@ -80,6 +96,8 @@ class _Job:
             parts.append(f"step {self.step}" + (f"/{self.total}" if self.total else ""))
         if self.loss is not None:
             parts.append(f"loss {self.loss:.4g}")
+        if self.tokens_per_s is not None:
+            parts.append(f"{self.tokens_per_s:,.0f} tok/s")
         if self.eta_s is not None:
             parts.append(f"eta {self.eta_s:.0f} s")
         return " ".join(parts)

@@ -79,13 +79,14 @@ def process_env(
     cores_per_node: int,
     python: Optional[PythonEnvironment],
     keep: Optional[Mapping[str, str]] = None,
+    restart: int = 0,
 ) -> Dict[str, str]:
     """The full environment of process ``place`` of ``plan``.
 
     ``inherited``: the environment the process starts from (the launcher's, or the SLURM task's); ``copied``: the
     values of ``plan.env_from``, read from the launcher's environment; ``python``: None leaves PATH as inherited (a
     container brings its own interpreter); ``keep``: variables to keep over the inherited ones, never over the
-    contract.
+    contract; ``restart``: the job's restart count (MMT_RESTART_COUNT).
     """
     env = scrubbed(inherited)
     if python is not None:
@@ -106,6 +107,8 @@ def process_env(
         node_addrs=rendezvous.node_addrs,
         framework=plan.framework,
         framework_ports=rendezvous.framework_ports,
+        restart=restart,
+        max_restarts=plan.max_restarts,
     )
     env.update({k: v for k, v in (keep or {}).items() if k not in contract})
     env.update(contract)

@@ -60,6 +60,14 @@ class JobPlan:
     # the key a sweeper optimises (hydra.launcher.optimized_metric, the template's top-level optimized_metric): an
     # app that returns a number returns that key's value, so the summary calls the number by that key
     optimized_metric: Optional[str] = None
+    # a failed job (a rank raised, exited non-zero, was killed, its node lost) starts again this many times at most,
+    # all of its ranks, in the same job dir (the recipes resume from their last checkpoint); never after a stop
+    max_restarts: int = 0
+    # seconds between a failure and the restart
+    restart_backoff_s: float = 1.0
+    # a job whose ranks show no progress (no new output, no step) for this long has hung: it fails (and so may
+    # restart), every Python rank's stack written first; None = never
+    hang_timeout_s: Optional[float] = None
 
     @property
     def label(self) -> str:
@@ -273,7 +281,37 @@ def plan_job(
         metrics_interval_s=float(interval),
         framework=framework,
         optimized_metric=_optimized_metric(launcher_cfg),
+        **_restart_policy(launcher_cfg, recipe_runs=command is None),
     )
+
+
+def _restart_policy(launcher_cfg: DictConfig, recipe_runs: bool) -> Dict[str, Any]:
+    """max_restarts, restart_backoff_s and hang_timeout_s, validated (absent keys: an older config, the defaults).
+    A hang timeout the recipe set (the top-level key, not ``hydra.launcher.hang_timeout_min`` itself) is the recipe's
+    and is left out when a command runs instead: a silent command is not a silent training loop."""
+    restarts = OmegaConf.select(launcher_cfg, "max_restarts", default=0)
+    backoff = OmegaConf.select(launcher_cfg, "restart_backoff_s", default=1.0)
+    from_recipe = "hang_timeout_min" in launcher_cfg and OmegaConf.is_interpolation(launcher_cfg, "hang_timeout_min")
+    hang = None if from_recipe and not recipe_runs else OmegaConf.select(launcher_cfg, "hang_timeout_min", default=None)
+    return {
+        "max_restarts": check.whole_number(
+            "hydra.launcher.max_restarts", restarts, 0, "restarts after a failure, e.g. 3 (0: none)", maximum=1000
+        ),
+        "restart_backoff_s": 0.0
+        if backoff == 0
+        else check.positive_number(
+            "hydra.launcher.restart_backoff_s", backoff, "seconds before a restart, e.g. 5 (0: at once)", 3600
+        ),
+        "hang_timeout_s": None
+        if hang is None
+        else 60.0
+        * check.positive_number(
+            "hydra.launcher.hang_timeout_min",
+            hang,
+            "minutes without progress before a job counts as hung, e.g. 10 (null: off)",
+            maximum=check.MAX_TIMEOUT_MIN,
+        ),
+    }
 
 
 def _optimized_metric(launcher_cfg: DictConfig) -> Optional[str]:

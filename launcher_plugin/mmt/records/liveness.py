@@ -20,7 +20,7 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Protocol
 
 from mmt.core import proctree
 from mmt.core.jobdir import RUN, AttemptRun, JobDir, RunDir, make_private_dir
@@ -73,8 +73,20 @@ class Beacon:
             return
         self.run.stop_request.unlink(missing_ok=True)
         self.run.lock.unlink(missing_ok=True)
-        os.close(self.fd)
-        self.fd = -1
+        close_once(self)
+
+
+class _HoldsFd(Protocol):
+    fd: int
+
+
+def close_once(holder: _HoldsFd) -> None:
+    """Close ``holder.fd`` once, whatever interrupts: the number is given up before it is closed, so a second
+    release (a signal handler's, during the first) never closes a number the kernel has since given to another
+    file, such as the registry's (SQLite writing into a file it did not open is how databases are corrupted)."""
+    fd, holder.fd = holder.fd, -1
+    if fd >= 0:
+        os.close(fd)
 
 
 def flock_held(path: Path) -> Optional[bool]:

@@ -91,6 +91,10 @@ def process_state(attempt: Attempt, index: int) -> ProcessState:
     return ProcessState.RUNNING
 
 
+# how late a silent death may be recorded after the first error it caused (the agent's reap, a busy host)
+_REAP_LAG_S = 2.0
+
+
 def first_failure(
     plan: JobPlan, attempt: Attempt, terminated_at: Optional[float] = None, outside_signals: Tuple[int, ...] = ()
 ) -> Optional[RankFailure]:
@@ -114,7 +118,14 @@ def first_failure(
         failure = _failure(plan, index, error, code)
         if terminated_at is None or when < terminated_at:
             found.append((when, failure))
-    return min(found, key=lambda item: item[0])[1] if found else None
+    if not found:
+        return None
+    first_when, first = min(found, key=lambda item: item[0])
+    # a process that died without a word (a signal, os._exit) is timed when its agent reaped it, after its peers
+    # already raised about the broken collective ("Connection reset by peer"): within that lag, the silent death is
+    # the cause and the peers' errors its consequence
+    silent = [(when, f) for when, f in found if f.exception is None and when - first_when <= _REAP_LAG_S]
+    return min(silent, key=lambda item: item[0])[1] if silent else first
 
 
 def missing_result(plan: JobPlan) -> RankFailure:

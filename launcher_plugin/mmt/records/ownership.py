@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 from mmt.core.errors import UsageError
 from mmt.core.jobdir import JobDir, SweepDir, make_private_dir
-from mmt.records.liveness import Beacon, flock_held
+from mmt.records.liveness import Beacon, close_once, flock_held
 from mmt.records.schema import OwnerRecord, UnknownSchemaError
 
 _IN_USE_HINT = "HINT: wait for it (mmt wait NAME), stop it (mmt stop NAME), or choose another hydra.sweep.dir"
@@ -64,9 +64,7 @@ class Claim:
                     path.rmdir()
                 except OSError:
                     pass
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        close_once(self)
 
 
 def _described(owner: Optional[OwnerRecord]) -> str:
@@ -189,8 +187,7 @@ class SweepClaim:
         if self.fd >= 0:
             if _HELD.get(self.key) is self:
                 del _HELD[self.key]
-            os.close(self.fd)
-            self.fd = -1
+            close_once(self)
 
 
 # the sweep dirs this process holds, by the lock file's (device, inode): a launch in this process into a sweep dir an

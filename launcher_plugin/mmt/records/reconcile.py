@@ -75,7 +75,10 @@ def save(record: JobRecord, registry: Registry, state: str, result: Optional[Res
         as_dict = result.to_dict()
         ended_at = result.ended_at if result.ended_at is not None else time.time()
         record.state, record.result, record.ended_at = result.status.value, as_dict, ended_at
-        registry.update(record.name, state=record.state, result=as_dict, ended_at=record.ended_at)
+        record.restarts = result.restarts
+        registry.update(
+            record.name, state=record.state, result=as_dict, ended_at=record.ended_at, restarts=record.restarts
+        )
     elif state != record.state:
         record.state = state
         registry.update(record.name, state=state)

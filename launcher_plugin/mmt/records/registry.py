@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     created_at REAL NOT NULL,
     started_at REAL,
     ended_at REAL,
-    result TEXT
+    result TEXT,
+    restarts INTEGER
 )
 """
 
@@ -121,6 +122,8 @@ class JobRecord:
     ended_at: Optional[float] = None
     # result.json's content once the job ended (masked like the file): ResultRecord.to_dict(), see result_record()
     result: Optional[Dict[str, Any]] = None
+    # times the job was restarted after a failure (hydra.launcher.max_restarts) so far
+    restarts: int = 0
 
     def result_record(self) -> Optional[ResultRecord]:
         """The job's result, typed, once it ended; None before, or when the registry holds no readable one
@@ -145,6 +148,7 @@ class JobRecord:
         values["overrides"] = json.loads(values["overrides"])
         values["result"] = json.loads(values["result"]) if values["result"] else None
         values["detached"] = bool(values["detached"])
+        values["restarts"] = values["restarts"] or 0  # a row from an mmt before restarts
         return cls(**values)
 
 

@@ -181,6 +181,29 @@ def _failure_of(data: Any) -> Optional[RankFailure]:
     )
 
 
+@dataclass(frozen=True)
+class EarlierRun:
+    """A run of the job that failed and was restarted (hydra.launcher.max_restarts): part of its result."""
+
+    restart: int  # its MMT_RESTART_COUNT
+    error: str  # what failed, as the job's error says it
+    started_at: Optional[float] = None
+    ended_at: Optional[float] = None
+    duration_s: Optional[float] = None
+
+    @classmethod
+    def of(cls, data: Any) -> Optional["EarlierRun"]:
+        if not isinstance(data, Mapping) or not isinstance(data.get("restart"), int):
+            return None
+        return cls(
+            restart=data["restart"],
+            error=str(data.get("error") or ""),
+            started_at=_get(data, "started_at", _NUMBER),
+            ended_at=_get(data, "ended_at", _NUMBER),
+            duration_s=_get(data, "duration_s", _NUMBER),
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ResultRecord(_Record):
     """How a job ended (``result.json``). The job's own record of one attempt: a reader checks ``attempt``."""
@@ -214,6 +237,12 @@ class ResultRecord(_Record):
     failure: Optional[RankFailure] = None
     # why it did not complete: the text of the exception a Hydra JobReturn raises for it (``<label>: <why>``)
     error: Optional[str] = None
+    # the runs that failed before this one and were restarted, oldest first (their count is MMT_RESTART_COUNT)
+    earlier_runs: Tuple[EarlierRun, ...] = ()
+
+    @property
+    def restarts(self) -> int:
+        return len(self.earlier_runs)
 
     def to_dict(self) -> Dict[str, Any]:
         data: Dict[str, Any] = {
@@ -243,6 +272,9 @@ class ResultRecord(_Record):
                 "error": self.error,
             }
         )
+        if self.earlier_runs:
+            data["restarts"] = self.restarts
+            data["earlier_runs"] = [asdict(run) for run in self.earlier_runs]
         return data
 
     @classmethod
@@ -270,6 +302,9 @@ class ResultRecord(_Record):
             return_value=data.get("return_value"),
             failure=_failure_of(data.get("failure")),
             error=_get(data, "error", (str,)),
+            earlier_runs=tuple(
+                run for run in map(EarlierRun.of, _get(data, "earlier_runs", (list,), ()) or ()) if run is not None
+            ),
         )
 
     def concludes(self, attempt_id: Optional[str]) -> bool:

@@ -6,7 +6,7 @@ The SDK's ``mmt.Job`` is this handle with Lightning's ``run``/``get``; a detache
 import enum
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
@@ -94,6 +94,8 @@ def job_row(record: JobRecord) -> Dict[str, Any]:
         "dir": record.job_dir,
         "metric": _metric(result),
         "detached": record.detached,
+        # times it was restarted after a failure (hydra.launcher.max_restarts), so far
+        "restarts": record.restarts,
     }
 
 
@@ -109,6 +111,7 @@ def node_status(record: JobRecord, node: int) -> str:
 
 def job_facts(record: JobRecord) -> Dict[str, Any]:
     """A job in detail, as `mmt inspect --json` prints it and ``job.dict()`` returns it."""
+    result = record.result_record()
     return {
         **job_row(record),
         "job_id": record.job_id,
@@ -122,6 +125,8 @@ def job_facts(record: JobRecord) -> Dict[str, Any]:
         "result": record.result,
         "scheduler": scheduler_story(record),
         "machines": [{"rank": n, "status": node_status(record, n)} for n in range(record.num_nodes)],
+        # the runs that failed and were restarted, oldest first: restart, error, started_at, ended_at, duration_s
+        "earlier_runs": [asdict(run) for run in (result.earlier_runs if result is not None else ())],
     }
 
 

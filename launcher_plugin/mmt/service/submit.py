@@ -62,6 +62,8 @@ class RunSpec:
     devices: Optional[int] = None
     command_mode: str = "per_node"
     timeout_min: Optional[float] = None
+    # restarts after a failure (hydra.launcher.max_restarts); None: the config's
+    max_restarts: Optional[int] = None
     dry_run: bool = False
     detach: bool = False
     # more Hydra overrides (site settings: hydra.launcher.partition=gpu ...)
@@ -103,6 +105,8 @@ def _overrides(spec: RunSpec, name: str) -> List[str]:
         overrides.append(f"image={_quote(spec.image)}")
     if spec.timeout_min is not None:
         overrides.append(f"hydra.launcher.timeout_min={spec.timeout_min}")
+    if spec.max_restarts is not None:
+        overrides.append(f"hydra.launcher.max_restarts={spec.max_restarts}")
     if spec.env_from:
         overrides.append("hydra.launcher.env_from=[" + ",".join(spec.env_from) + "]")
     if spec.dry_run:
@@ -196,6 +200,12 @@ _SPEC_KEYS: Dict[str, Tuple[str, Callable[[RunSpec], Any], Callable[[Any], Any],
         "seconds, or a duration such as 90m or 2h",
     ),
     "image": ("image", lambda s: s.image, lambda v: v, None),
+    "hydra.launcher.max_restarts": (
+        "max_restarts",
+        lambda s: s.max_restarts,
+        lambda v: v,
+        "restarts after a failure, e.g. --max-restarts 3",
+    ),
 }
 
 

@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Optional
 
-from mmt.core import preemption
+from mmt.core import preemption, stacks
 from mmt.core.jobdir import Attempt, write_atomic
 from mmt.records.payload import JobPayload, read_payload
 from mmt.records.schema import ErrorRecord
@@ -157,6 +157,7 @@ def run(attempt: Attempt, index: int) -> int:
     setup_globals()
     _apply_thread_count()
     guards.install(payload.plan)
+    stacks.arm()  # where the job watches for hangs: this rank's stack, on request
     if os.environ.get(preemption.PREEMPTIBLE_VAR) == "1":
         preemption.install()
 

@@ -24,11 +24,12 @@ from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission
 from mmt.backends.local import records
 from mmt.backends.local.host import PortReservations, cpu_cores, visible_gpus
 from mmt.backends.local.watch import LocalWatcher
-from mmt.core import proctree
+from mmt.core import proctree, stacks
 from mmt.core.errors import ConfigError
 from mmt.core.jobdir import JobDir
 from mmt.core.rank_env import MMT_JOB_ID
 from mmt.core.states import JobState, StartMethod, values
+from mmt.monitor import hangs
 from mmt.planning import validate as check
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.plan import JobPlan, Limits
@@ -86,6 +87,9 @@ class LocalJob(JobHandle):
     stop_detail: str = ""
     stop_sent: Optional[float] = None
     outcome: Optional[JobOutcome] = None
+    # hang detection (plan.hang_timeout_s): the job's progress, and when its ranks were asked for their stacks
+    progress: Optional[hangs.ProgressWatch] = None
+    stacks_asked: Optional[float] = None
 
 
 class LocalBackend(Backend[LocalJob]):
@@ -202,7 +206,32 @@ class LocalBackend(Backend[LocalJob]):
         for job in list(self.jobs.values()):
             if job.stop_status is None and now >= job.deadline:
                 self._stop(job, JobState.TIMEOUT, running_detail(job.plan, sorted(job.running)))
+            elif job.progress is not None and job.stop_sent is None:
+                self._watch_for_hang(job, now)
         self._schedule()
+
+    def _watch_for_hang(self, job: LocalJob, now: float) -> None:
+        """A job without progress for its hang timeout: its ranks' stacks first, then it fails saying where each
+        one waits (and so may restart)."""
+        assert job.progress is not None
+        stalled = job.progress.stalled_for(now)
+        if job.stacks_asked is None:
+            if stalled < job.progress.timeout_s:
+                return
+            job.stacks_asked = now
+            files = hangs.stack_files(job.plan)
+            for index in sorted(job.running):
+                pid = job.pids.get(index)
+                if pid is not None and files[index].exists():  # armed: the signal would end one that is not
+                    try:
+                        os.kill(pid, stacks.STACK_SIGNAL)
+                    except ProcessLookupError:
+                        pass
+            return
+        running = sorted(job.running)
+        if now - job.stacks_asked < hangs.STACKS_GRACE_S and not hangs.stacks_written(job.plan, running):
+            return
+        self._stop(job, JobState.FAILED, hangs.describe(job.plan, stalled, running))
 
     def close(self) -> None:
         if self.agent is not None:
@@ -249,7 +278,9 @@ class LocalBackend(Backend[LocalJob]):
                 copied=job.submission.copied_env,
                 cores_per_node=cores_per_node,
                 python=self.python,
+                restart=job.submission.restart,
             )
+            env.update(hangs.hang_env(plan, job.attempt, index))  # where progress shows, where a stack goes
             if job.gpus:  # node n sees its own devices; LOCAL_RANK indexes into them
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus[place.node_rank * plan.devices :][: plan.devices])
             elif self.host_gpus:
@@ -265,8 +296,12 @@ class LocalBackend(Backend[LocalJob]):
                     log=str(job_dir.log(place.node_rank, place.rank, plan.per_node)),
                 )
             )
+        if plan.hang_timeout_s is not None:
+            for stale in hangs.stack_files(plan):  # an earlier run's stacks are not this one's
+                stale.unlink(missing_ok=True)
+            job.progress = hangs.ProgressWatch(plan.hang_timeout_s, hangs.progress_paths(plan, job.attempt))
         job.started = time.monotonic()
-        job.deadline = job.started + plan.timeout_s
+        job.deadline = job.started + max(0.0, plan.timeout_s - job.submission.time_used_s)
         job.state = JobState.RUNNING
         job.running = set(range(len(specs)))
         self.jobs[plan.job_id] = job

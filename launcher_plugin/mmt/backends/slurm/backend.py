@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from omegaconf import DictConfig
 
@@ -29,17 +29,18 @@ from mmt.backends.slurm.sbatch import (
     sbatch_parameters,
     signal_delay_problem,
     tasks_per_node,
+    with_restart_loop,
 )
 from mmt.backends.slurm.task import FRAMEWORK_PORT_BASE, FRAMEWORK_PORT_SLOTS, FRAMEWORK_PORT_WINDOW, SlurmTask
 from mmt.core.errors import ConfigError, MMTError
-from mmt.core.jobdir import JobDir, make_private_dir
+from mmt.core.jobdir import Attempt, JobDir, make_private_dir
 from mmt.core.states import JobState
 from mmt.planning.plan import JobPlan, Limits
-from mmt.records.outcome import JobOutcome, all_succeeded
+from mmt.records.outcome import JobOutcome, all_succeeded, outcome_of_record, read_result
 from mmt.records.payload import read_plan
 from mmt.records.registry import JobRecord, Registry
 from mmt.records.scheduler import SchedulerRecord, clock, read_scheduler, write_scheduler
-from mmt.records.schema import OwnerRecord
+from mmt.records.schema import OwnerRecord, UnknownSchemaError
 
 _TOOLS = ("sbatch", "squeue", "scancel", "scontrol")
 
@@ -60,6 +61,12 @@ class SlurmJob(JobHandle):
     view: Optional[SchedulerRecord] = None
     # the pending reason last shown (and checked for one that never resolves)
     reason: Optional[str] = None
+    # a stop that slurmctld has not taken yet (it did not answer): asked again from wait() until it does
+    cancel_due: Optional[float] = None
+
+
+# seconds between two asks to cancel a job that slurmctld did not take
+CANCEL_RETRY_S = 2.0
 
 
 class SubmissionRefused(MMTError):
@@ -94,9 +101,16 @@ def _executor_class() -> Any:
         setsid = shutil.which("setsid")
 
         class SessionSlurmExecutor(submitit.SlurmExecutor):
+            # the job's plan and attempt, for mmt's own lines around submitit's srun (the restart loop)
+            mmt_job: Optional[Tuple[JobPlan, Attempt]] = None
+
             def _make_submission_command(self, submission_file_path: Path) -> List[str]:
                 command = super()._make_submission_command(submission_file_path)
                 return [setsid, *command] if setsid else command
+
+            def _make_submission_file_text(self, command: str, uid: str) -> str:
+                text = super()._make_submission_file_text(command, uid)
+                return text if self.mmt_job is None else with_restart_loop(text, *self.mmt_job)
 
         _EXECUTOR = SessionSlurmExecutor
     return _EXECUTOR
@@ -179,7 +193,7 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
     def describe(self, plan: JobPlan) -> List[str]:
         attempt = JobDir(Path(plan.job_dir)).attempt("<attempt>")
         script = render_script(plan, self.settings, self.project_dir, job_name(plan), attempt)
-        srun = next(line for line in script.splitlines() if line.startswith("srun "))
+        srun = next(line.strip() for line in script.splitlines() if line.strip().startswith("srun "))
         layout = (
             "one task per node: the node agent forks the node's ranks"
             if self.settings.agent_per_node
@@ -199,7 +213,21 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
                 f"process % {FRAMEWORK_PORT_WINDOW}, each held by its node's agent",
             )
         lines += [f"    | {line}" for line in script.rstrip().splitlines()]
+        unwatched = self._unwatched(plan)
+        if unwatched:
+            lines.append(f"  WARNING    {unwatched}")
         return lines + [f"  WARNING    {problem}" for problem in self.problems(plan)]
+
+    def _unwatched(self, plan: JobPlan) -> Optional[str]:
+        """Hang detection is the node agents' (each watches the whole job); per-rank tasks run none, so a job
+        there is not watched: said in the dry run and at submission, never refused (a recipe may turn it on)."""
+        if plan.hang_timeout_s is None or self.settings.agent_per_node:
+            return None
+        return (
+            f"hydra.launcher.hang_timeout_min={plan.hang_timeout_s / 60:g} is not watched with "
+            "hydra.launcher.tasks=per_rank, which runs no node agent: only the time limit ends a hung job "
+            "(tasks=per_node watches it)"
+        )
 
     def owner_active(self, owner: OwnerRecord) -> bool:
         job_id = owner.scheduler_id
@@ -217,6 +245,7 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         executor.update_parameters(
             **sbatch_parameters(plan, self.settings, self.project_dir, job_name(plan), submission.attempt)
         )
+        executor.mmt_job = (plan, submission.attempt)
         task = SlurmTask(
             plan=plan,
             attempt_dir=str(submission.attempt.dir),
@@ -226,10 +255,13 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
             max_requeues=self.settings.max_requeues,
             copied_env=dict(submission.copied_env),
         )
+        asked_at = time.time()
         with _private_files():
             try:
                 submitted = executor.submit(task)
             except Exception as exc:
+                if _unanswered(exc):
+                    raise _created_anyway(plan, asked_at) from None
                 refused = _refusal(exc, plan, self.settings)
                 if refused is None:
                     raise
@@ -241,6 +273,9 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
             submitted=time.monotonic(),
         )
         self._watched.append(job)
+        unwatched = self._unwatched(plan)
+        if unwatched:
+            self._notices.append(f"mmt: job {plan.num} ({plan.name}): {unwatched}")
         self._notices.append(
             f"mmt: job {plan.num} ({plan.name}) submitted as SLURM job {job.job_id} "
             f"({plan.num_nodes} nodes x {tasks_per_node(plan, self.settings)} tasks); sbatch script "
@@ -270,15 +305,33 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         if handle.outcome is None and handle.stopped_because is None:
             handle.stopped_because = reason
             handle.state = JobState.STOPPING
-            queue.cancel([handle.job_id])
+            self._send_cancel(handle)
             self._next_query = 0.0
 
     def kill(self, handle: SlurmJob) -> None:
-        if handle.outcome is None:
-            queue.cancel([handle.job_id], signal_name="KILL")
+        if handle.outcome is None and not queue.cancel([handle.job_id], signal_name="KILL"):
+            handle.cancel_due = handle.cancel_due or time.monotonic()  # the plain cancel is asked again
+
+    def _send_cancel(self, job: SlurmJob) -> None:
+        """scancel, once; when slurmctld does not take it, say so once and ask again every CANCEL_RETRY_S."""
+        if queue.cancel([job.job_id]):
+            if job.cancel_due is not None:
+                self._notices.append(f"mmt: SLURM job {job.job_id} cancelled (slurmctld answers again)")
+            job.cancel_due = None
+            return
+        if job.cancel_due is None:
+            self._notices.append(
+                f"mmt: slurmctld did not take the cancel of SLURM job {job.job_id} ({job.plan.name}); asking again "
+                f"every {CANCEL_RETRY_S:g} s until it does (the job runs on meanwhile)"
+            )
+        job.cancel_due = time.monotonic() + CANCEL_RETRY_S
 
     def wait(self, timeout_s: float) -> None:
         time.sleep(min(timeout_s, 0.1))
+        now = time.monotonic()
+        for job in self._watched:
+            if job.outcome is None and job.cancel_due is not None and now >= job.cancel_due:
+                self._send_cancel(job)
         if time.monotonic() >= self._next_query:
             self._query()
 
@@ -343,6 +396,8 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
                 job, JobOutcome(JobState.COMPLETED, now - (job.started or job.submitted), scheduler_id=job.job_id)
             )
             return
+        if (state is None or not state.final) and self._unanswered is not None and self._concluded_itself(job, now):
+            return
         if state is None or not state.final:
             return
         job.final_state = state.state
@@ -403,12 +458,76 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         write_scheduler(job.attempt, view, job.view)
         job.view = view
 
+    def _concluded_itself(self, job: SlurmJob, now: float) -> bool:
+        """While SLURM does not answer: the job's own last step may have concluded it already, inside its allocation
+        (``finalized``, result.json of this attempt): conclude it from that instead of waiting in silence."""
+        if not job.attempt.finalized.exists():
+            return False
+        try:
+            own = read_result(Path(job.plan.job_dir))
+        except UnknownSchemaError:
+            return False
+        if own is None or not own.concludes(job.attempt.id):
+            return False
+        outcome = outcome_of_record(own)
+        outcome.duration_s = outcome.duration_s if outcome.duration_s is not None else now - job.submitted
+        self._notices.append(
+            f"mmt: job {job.plan.num} ({job.plan.name}): {self._unanswered} is not answering; the job concluded "
+            f"itself inside its allocation: {own.status.value}"
+        )
+        self._conclude(job, outcome)
+        return True
+
     def _conclude(self, job: SlurmJob, outcome: JobOutcome) -> None:
         job.outcome, job.state = outcome, outcome.status
         self._watched.remove(job)
 
 
 _ASKED_WITH = {"slurmctld": "squeue", "slurmdbd": "sacct"}
+
+# what sbatch says when slurmctld did not answer in time: the request may still be taken later, creating a job
+_NO_ANSWER = ("Socket timed out", "Unable to contact slurm controller", "Transport endpoint is not connected")
+# how long a submission that timed out looks for the job slurmctld may have created anyway
+LOOKUP_AFTER_TIMEOUT_S = 120.0
+
+
+def _unanswered(exc: Exception) -> bool:
+    from submitit.core.utils import FailedJobError  # lazy, as submitit itself
+
+    return isinstance(exc, FailedJobError) and any(said in str(exc) for said in _NO_ANSWER)
+
+
+def _created_anyway(plan: JobPlan, asked_at: float) -> SubmissionRefused:
+    """sbatch gave up waiting for slurmctld, which may still create the job once it catches up, with nobody to know
+    of it (submitit never learnt its id, so its task could not even find its pickle). Look for it by its unique name
+    until slurmctld answers, and cancel it: the submission failed, and says so in one line, leaving nothing queued."""
+    name = job_name(plan)
+    deadline, found, answered = time.monotonic() + LOOKUP_AFTER_TIMEOUT_S, None, 0
+    while time.monotonic() < deadline:
+        found = queue.latest_job_named(name, asked_at)
+        if found:
+            break
+        if found == "":  # the queue answered without it; twice, so a request still in flight has been taken
+            answered += 1
+            if answered >= 2:
+                break
+        time.sleep(2.0)
+    said = "sbatch gave up waiting for slurmctld (it did not answer in time)"
+    hint = "submit again once `squeue` answers"
+    if found:
+        while not queue.cancel([found]) and time.monotonic() < deadline:
+            time.sleep(2.0)
+        return SubmissionRefused(
+            f"job {plan.num} ({plan.name}): {said}; the SLURM job it created anyway ({found}) was cancelled, nothing "
+            f"is left queued. HINT: {hint}"
+        )
+    if answered:
+        return SubmissionRefused(f"job {plan.num} ({plan.name}): {said}; no job was created. HINT: {hint}")
+    return SubmissionRefused(
+        f"job {plan.num} ({plan.name}): {said}, and it still does not answer after "
+        f"{LOOKUP_AFTER_TIMEOUT_S:.0f} s: a job it takes later would run without mmt. HINT: once it answers, "
+        f"`scancel --name={name}`, then {hint}"
+    )
 
 
 def _refusal(exc: Exception, plan: JobPlan, settings: SlurmSettings) -> Optional[SubmissionRefused]:

@@ -10,6 +10,7 @@ from mmt.backends.slurm.task import failed_tasks
 from mmt.core.errors import RankFailure
 from mmt.core.jobdir import Attempt, JobDir
 from mmt.core.states import JobState
+from mmt.monitor.hangs import read_hang
 from mmt.planning.plan import JobPlan
 from mmt.records.outcome import JobOutcome, all_succeeded, first_failure, missing_result, running_detail
 
@@ -72,6 +73,10 @@ def conclude(
     SIGTERM (inside the job)."""
     outcome = JobOutcome(JobState.COMPLETED, duration_s, scheduler_id=scheduler_id)
     if all_succeeded(plan, attempt):
+        return outcome
+    hung = read_hang(attempt)
+    if hung is not None and not stopped_because:  # its node agents stopped it: every rank's end follows from that
+        outcome.status, outcome.detail = JobState.FAILED, hung
         return outcome
     stopped_at = terminated_at(plan, attempt, batch_terminated_at)
     ended_outside = stopped_at is not None or stopped_because is not None or slurm_state in _ENDED_OUTSIDE

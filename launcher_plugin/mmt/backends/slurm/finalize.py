@@ -15,14 +15,15 @@ from typing import List, Optional
 
 from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm.queue import restart_count
-from mmt.backends.slurm.sbatch import STARTED_VAR
+from mmt.backends.slurm.sbatch import RUN_STARTED_VAR, STARTED_VAR
 from mmt.core.jobdir import Attempt
 from mmt.records.outcome import read_primary_return, result_record, return_value_of, write_result
 from mmt.records.ownership import read_owner
 from mmt.records.payload import discard_payload, read_plan
+from mmt.records.restarts import recorded, with_earlier_runs
 
 
-def _stderr() -> Optional[Path]:
+def batch_stderr() -> Optional[Path]:
     """The batch script's stderr, where srun reports dead tasks (per-rank tasks)."""
     try:
         return Path(os.readlink("/proc/self/fd/2"))
@@ -36,23 +37,29 @@ def _requeued_by_slurm(job_id: str, restarts: int) -> bool:
     return now is not None and now > restarts
 
 
+def requeued(attempt: Attempt, job_id: str) -> bool:
+    """Whether this run of the job was requeued, by mmt (the requeue signal) or by SLURM itself (scontrol requeue,
+    preemption, a node failure); the next run needs the payload (job.json, job.pkl) and concludes the job."""
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    if attempt.requeued_file(restarts).exists():
+        return True
+    if _requeued_by_slurm(job_id, restarts):
+        attempt.requeued_file(restarts).touch()
+        print(
+            f"mmt: SLURM job {job_id} was requeued (restart {restarts + 1}); its next run concludes it", file=sys.stderr
+        )
+        return True
+    return False
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     attempt = Attempt(Path(args[0]))
     if not attempt.plan.exists():
         return 0  # concluded and cleaned up already
-    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     job_id = os.environ.get("SLURM_JOB_ID", "?")
-    if attempt.requeued_file(restarts).exists():
-        return 0  # requeued: the next run of the job concludes it
-    if _requeued_by_slurm(job_id, restarts):
-        # SLURM requeued the job itself (scontrol requeue, preemption, a node failure): the next run needs the
-        # payload (job.json, job.pkl), and concludes the job; this run concludes nothing
-        attempt.requeued_file(restarts).touch()
-        print(
-            f"mmt: SLURM job {job_id} was requeued (restart {restarts + 1}); its next run concludes it", file=sys.stderr
-        )
-        return 0
+    if requeued(attempt, job_id):
+        return 0  # the next run of the job concludes it
     owner = read_owner(attempt.job_dir.root)
     if owner is None or owner.attempt != attempt.id:
         return 0  # a newer launch owns the job dir now
@@ -61,18 +68,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     elapsed = time.time() - started
     limit_s = max(60.0, 60.0 * -(-plan.timeout_s // 60))  # sbatch --time is whole minutes
     terminated = float(args[2]) if len(args) > 2 and args[2] else None
+    run_started = float(os.environ.get(RUN_STARTED_VAR) or started)  # the last run's, after restarts
     outcome = conclude(
         plan,
         attempt,
         scheduler_id=job_id,
-        duration_s=elapsed,
+        duration_s=time.time() - run_started,
         slurm_state=None,
-        stderr=_stderr(),
+        stderr=batch_stderr(),
         time_limit_reached=terminated is not None and elapsed >= limit_s - 5,
         batch_terminated_at=terminated,
     )
     value = return_value_of(read_primary_return(attempt))
-    write_result(plan, result_record(plan, outcome, value, attempt.id, started_at=started, ended_at=time.time()))
+    result = result_record(plan, outcome, value, attempt.id, started_at=started, ended_at=time.time())
+    write_result(plan, with_earlier_runs(result, recorded(attempt)))  # the runs restarted inside the allocation
     discard_payload(attempt)
     attempt.finalized.touch()
     print(f"mmt: job {plan.name} concluded inside the allocation: {outcome.status}", file=sys.stderr)

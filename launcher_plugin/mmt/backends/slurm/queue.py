@@ -61,11 +61,11 @@ class JobState:
         return self.state in FINAL or self.state == GONE
 
 
-def _run(args: list, env: Optional[Dict[str, str]] = None) -> Optional[str]:
+def _run(args: list, env: Optional[Dict[str, str]] = None, timeout_s: float = 30) -> Optional[str]:
     # a session of its own: the terminal's Ctrl-C, sent to the launcher's whole process group, must not kill the
     # scancel that the launcher runs because of that Ctrl-C
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=30, start_new_session=True, env=env)
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, start_new_session=True, env=env)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
@@ -111,9 +111,14 @@ def parse_squeue(out: str) -> Dict[str, JobState]:
     return found
 
 
+# a watching launcher asks the queue every poll: a slurmctld that does not answer (stopped, overloaded) must cost it
+# seconds, not scancel's and squeue's own minute of retries, so that a Ctrl-C is acted on and a notice says why
+QUERY_TIMEOUT_S = 8.0
+
+
 def _squeue(ids: list) -> Optional[Dict[str, JobState]]:
     # -t all: a job that just ended is still listed (COMPLETING, CANCELLED ...) for MinJobAge
-    out = _run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-O", SQUEUE_FORMAT])
+    out = _run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-O", SQUEUE_FORMAT], timeout_s=QUERY_TIMEOUT_S)
     return None if out is None else parse_squeue(out)
 
 
@@ -162,6 +167,7 @@ def latest_job_named(name: str, submitted_since: float) -> Optional[str]:
     out = _run(
         ["squeue", "-h", "-t", "all", "-u", getpass.getuser(), "-n", name, "-o", "%i|%V"],
         env={**os.environ, "SLURM_TIME_FORMAT": "standard"},
+        timeout_s=QUERY_TIMEOUT_S,
     )
     if out is None:
         return None
@@ -187,10 +193,18 @@ def accounting_available() -> bool:
     return _run(["sacct", "-n", "-X", "-S", "now", "-o", "JobID"]) is not None
 
 
-def cancel(job_ids: Iterable[str], signal_name: Optional[str] = None) -> None:
+# scancel waits and retries for as long as slurmctld does not answer (a minute when it is stopped): a launcher
+# that stops a job asks again instead, saying so, and stays responsive
+CANCEL_TIMEOUT_S = 5.0
+
+
+def cancel(job_ids: Iterable[str], signal_name: Optional[str] = None) -> bool:
+    """Whether slurmctld took the cancel (False: it did not answer, or scancel failed; ask again)."""
     ids = list(job_ids)
-    if ids:
-        _run(["scancel", *([f"--signal={signal_name}", "--full"] if signal_name else []), *ids])
+    if not ids:
+        return True
+    args = ["scancel", *([f"--signal={signal_name}", "--full"] if signal_name else []), *ids]
+    return _run(args, timeout_s=CANCEL_TIMEOUT_S) is not None
 
 
 # ------------------------------------------------------------------------------------------ a job and its partition

@@ -19,6 +19,7 @@ from mmt.records.ownership import lock_is_held, read_owner
 from mmt.records.payload import UnsafePayloadError, discard_payload, read_plan
 from mmt.records.reconcile import conclude_orphan, own_result, request_stop, save
 from mmt.records.registry import JobRecord, Registry
+from mmt.records.restarts import recorded, with_earlier_runs
 from mmt.records.scheduler import SchedulerRecord, read_scheduler, write_scheduler
 from mmt.records.schema import ResultRecord
 
@@ -41,6 +42,10 @@ def refresh(record: JobRecord, registry: Registry) -> JobRecord:
             write_scheduler(attempt, (view or SchedulerRecord(scheduler_id=job_id)).unanswered(answer.unanswered), view)
         elif current is not None and not current.final:
             state = JobState.RUNNING.value if current.state == "RUNNING" else JobState.PENDING.value
+            restarted = len(recorded(attempt))  # restarts inside the allocation so far
+            if restarted != record.restarts:
+                record.restarts = restarted
+                registry.update(record.name, restarts=restarted)
             never = _note_queue(attempt, job_id, current, view)
             if never is not None:
                 queue.cancel([job_id])
@@ -86,7 +91,7 @@ def _conclude_ended(record: JobRecord, slurm_state: str, never: Optional[str] = 
             plan, attempt, scheduler_id=str(record.scheduler_id), duration_s=None, slurm_state=slurm_state
         )
     value = return_value_of(read_primary_return(attempt))
-    result = result_record(plan, outcome, value, attempt.id, ended_at=time.time())
+    result = with_earlier_runs(result_record(plan, outcome, value, attempt.id, ended_at=time.time()), recorded(attempt))
     try:
         write_result(plan, result)
     except OSError:

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmt.core.errors import ConfigError
 from mmt.core.jobdir import Attempt
+from mmt.core.rank_env import MMT_RESTART_COUNT
 from mmt.core.states import StartMethod, values
 from mmt.planning import validate as check
 from mmt.planning.plan import JobPlan
@@ -32,6 +33,8 @@ STARTED_VAR = "MMT_BATCH_STARTED"
 # when the batch script got SIGTERM (scancel, the time limit), if it did
 TERMINATED_VAR = "MMT_BATCH_TERMINATED"
 # when the batch script last got USR1/USR2, if it did (kept from killing the shell)
+# when the current run of a job that may restart began (its restart step measures the run from it)
+RUN_STARTED_VAR = "MMT_RUN_STARTED"
 SIGNALLED_VAR = "MMT_BATCH_SIGNALLED"
 
 CONTAINER_RUNTIMES = ("pyxis", "apptainer", "singularity")
@@ -327,9 +330,36 @@ def render_script(plan: JobPlan, settings: SlurmSettings, project_dir: str, job_
     command = " ".join(
         [python_command(plan, settings, project_dir), "-u -m submitit.core._submit", shlex.quote(folder)]
     )
-    return _make_sbatch_string(
+    script = _make_sbatch_string(
         command=command, folder=folder, **sbatch_parameters(plan, settings, project_dir, job_name, attempt)
     )
+    return with_restart_loop(script, plan, attempt)
+
+
+def with_restart_loop(script: str, plan: JobPlan, attempt: Attempt) -> str:
+    """A job that may restart after a failure (``max_restarts``) runs its srun step again inside the allocation,
+    never waiting in the queue again: after a run that failed by itself (not scancel, nor the time limit: the TERM
+    trap says so), the restart step (``mmt.backends.slurm.restart``) decides, records the run and sets its records
+    aside; ``MMT_RESTART_COUNT`` reaches every task one higher. The script still ends with the last run's status,
+    which the EXIT trap concludes. Unchanged for a job that may not restart."""
+    if not plan.max_restarts:
+        return script
+    lines = script.split("\n")
+    at = next(index for index, line in enumerate(lines) if line.startswith("srun "))
+    python, where = shlex.quote(sys.executable), shlex.quote(str(attempt.dir))
+    lines[at : at + 1] = [
+        f"export {MMT_RESTART_COUNT}=0",
+        "while :; do",
+        f"    export {RUN_STARTED_VAR}=$(date +%s.%N)",
+        f"    {lines[at]}",
+        "    rc=$?",
+        f'    [ "$rc" -ne 0 ] && [ -z "${{{TERMINATED_VAR}:-}}" ] || break',
+        f'    {python} -m mmt.backends.slurm.restart {where} "$rc" || break',
+        f"    export {MMT_RESTART_COUNT}=$(({MMT_RESTART_COUNT} + 1))",
+        "done",
+        '(exit "$rc")',
+    ]
+    return "\n".join(lines)
 
 
 def job_name_for(name: str) -> str:

@@ -24,6 +24,8 @@ from mmt.agent.processes import ProcessSpec
 from mmt.core import preemption
 from mmt.core.jobdir import Attempt, JobDir, open_for_append
 from mmt.core.ports import PortInUseError, hold_port
+from mmt.core.rank_env import MMT_RESTART_COUNT
+from mmt.monitor import hangs
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.plan import JobPlan
 from mmt.records.schema import ErrorRecord
@@ -214,8 +216,11 @@ class SlurmTask:
             cores_per_node=node_cores(facts.get("cpus_on_node")),
             python=PythonEnvironment.current() if self.plan.image is None else None,
             keep=keep,
+            # the batch script's restart loop counts the runs inside the allocation (sbatch.with_restart_loop)
+            restart=int(os.environ.get(MMT_RESTART_COUNT) or 0),
         )
         env.update(requeue_env(facts, self.attempt, self.max_requeues, index))
+        env.update(hangs.hang_env(self.plan, self.attempt, index))
         return env
 
     @property
@@ -273,6 +278,7 @@ class SlurmTask:
                 method=self.start_method,
                 processes=tuple(specs),
                 metrics_interval_s=self.plan.metrics_interval_s,
+                hang_plan=self.plan if self.plan.hang_timeout_s is not None else None,
             )
         )
 

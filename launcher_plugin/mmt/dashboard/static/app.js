@@ -63,10 +63,33 @@ function showNewest(u) {
   if (n && !(u.cursor.left >= 0)) u.setLegend({ idx: n - 1 });
 }
 
-// A uPlot chart in a container that says how many points it shows (data-points), for people and for tests.
+// Dashed vertical lines at the chart's marks (x values): where a restarted run took over on the training curves.
+function drawMarks(chart) {
+  return (u) => {
+    if (!chart.marks.length) return;
+    const ctx = u.ctx;
+    ctx.save();
+    ctx.strokeStyle = "#c0392b";
+    ctx.lineWidth = 1;
+    ctx.setLineDash([5, 4]);
+    for (const x of chart.marks) {
+      const px = Math.round(u.valToPos(x, "x", true));
+      if (px < u.bbox.left || px > u.bbox.left + u.bbox.width) continue;
+      ctx.beginPath();
+      ctx.moveTo(px, u.bbox.top);
+      ctx.lineTo(px, u.bbox.top + u.bbox.height);
+      ctx.stroke();
+    }
+    ctx.restore();
+  };
+}
+
+// A uPlot chart in a container that says how many points it shows (data-points) and how many marks it draws
+// (data-marks), for people and for tests.
 class Chart {
   constructor(parent, { title, kind, node, series, fmt, time = true, range, scatter, xAxis }) {
-    this.el = h("div", { class: "chart", "data-kind": kind, "data-node": node, "data-points": "0" });
+    this.el = h("div", { class: "chart", "data-kind": kind, "data-node": node, "data-points": "0", "data-marks": "0" });
+    this.marks = [];
     parent.append(this.el);
     const width = Math.max(280, this.el.clientWidth || 380);
     const opts = {
@@ -80,13 +103,15 @@ class Chart {
       axes: [{ ...(xAxis?.axis || {}) },
         { values: (u, splits) => splits.map(fmt), size: 74, ...(fmt === fmtBytes || fmt === fmtRate ? { incrs: BYTE_INCRS } : {}) }],
       legend: { live: true },
-      hooks: { draw: [showNewest], setCursor: [showNewest] },
+      hooks: { draw: [showNewest, drawMarks(this)], setCursor: [showNewest] },
       cursor: { drag: { x: true, y: false } },
     };
     this.plot = new uPlot(opts, [[], ...series.map(() => [])], this.el);
   }
 
-  setData(data) {
+  setData(data, marks = []) {
+    this.marks = marks;
+    this.el.dataset.marks = String(marks.length);
     this.plot.setData(data);
     this.el.dataset.points = String(data[0].length);
   }
@@ -238,11 +263,16 @@ class JobView {
     if (job.backend) facts.push(["backend", job.backend]);
     if (job.scheduler_id) facts.push(["scheduler id", String(job.scheduler_id)]);
     if (job.note) facts.push(["scheduler", job.note]);  // why it waits, that it can never start, or no answer
+    const runs = job.earlier_runs || [];
+    if (runs.length) facts.push(["restarts", String(runs.length)]);
     this.header.replaceChildren(
       h("h2", {}, h("span", { text: `#${job.num} ${job.name}` }), statusBadge(job.status)),
       h("div", { class: "facts" }, ...facts.map(([k, v]) => h("span", {}, `${k} `, h("b", { text: v })))),
       h("div", {}, ...job.overrides.map((o) => h("span", { class: "chip", text: o }))),
       h("div", { class: "path", text: job.path }),
+      ...(runs.length ? [h("ul", { class: "runs" }, ...runs.map((r) => h("li", {
+        text: `run ${r.restart} failed after ${fmtDuration(r.duration_s)}: ${r.error}`,
+      })))] : []),
     );
   }
 
@@ -295,8 +325,11 @@ class JobView {
       return;
     }
     const losses = names.filter((n) => n.includes("loss"));
-    const others = names.filter((n) => !n.includes("loss"));
-    const groups = [["loss", "Loss", losses], ["other", "Other metrics", others]].filter((g) => g[2].length);
+    // recipe=llm's tokens/s are 1e3..1e6 where its MFU and wait times are below 1: a chart of their own
+    const rates = names.filter((n) => n.startsWith("tokens_per_s"));
+    const others = names.filter((n) => !n.includes("loss") && !rates.includes(n));
+    const groups = [["loss", "Loss", losses], ["rate", "Throughput (tokens/s)", rates], ["other", "Other metrics", others]]
+      .filter((g) => g[2].length);
     const shape = groups.map((g) => g[2].join(",")).join("|");
     if (this.curveShape !== shape) {
       this.curveCharts?.forEach(([c]) => c.destroy());
@@ -308,7 +341,8 @@ class JobView {
       }), cols]);
       this.curveShape = shape;
     }
-    for (const [chart, cols] of this.curveCharts) chart.setData([data.step, ...cols.map((c) => data.series[c])]);
+    // a dashed line where a restarted (or requeued) run took over from its checkpoint
+    for (const [chart, cols] of this.curveCharts) chart.setData([data.step, ...cols.map((c) => data.series[c])], data.restarts || []);
   }
 
   // ---- logs
