@@ -293,3 +293,14 @@ def test_a_recipes_hang_timeout_is_not_a_commands_and_an_explicit_one_is(tmp_pat
     assert planned(None) == 600.0  # the recipe runs: its own setting
     assert planned("sleep 3600") is None  # a silent command is not a silent training loop
     assert planned("sleep 3600", explicit=0.5) == 30.0
+
+
+def test_a_new_attempt_sets_an_earlier_hangs_stacks_aside_with_its_logs(tmp_path: Path) -> None:
+    job_dir = JobDir(tmp_path / "job")
+    job_dir.logs.mkdir(parents=True)
+    job_dir.stacks.mkdir()
+    (job_dir.logs / "node0.rank0.log").write_text("hello\n")
+    (job_dir.stacks / "node0.rank0.txt").write_text("Current thread")
+    aside = job_dir.set_logs_aside("a1")
+    assert aside is not None and (aside / "stacks" / "node0.rank0.txt").read_text() == "Current thread"
+    assert not list(job_dir.stacks.glob("*.txt"))  # a new attempt's hang reads only its own

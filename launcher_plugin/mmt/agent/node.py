@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 from mmt.agent.jobs import JobProcesses
 from mmt.agent.metrics import JobMetrics
 from mmt.agent.processes import ProcessSpec, Spawner
-from mmt.core import preemption, proctree, stacks
+from mmt.core import preemption, proctree
 from mmt.core.jobdir import Attempt
 from mmt.monitor import hangs
 from mmt.planning.plan import JobPlan
@@ -42,36 +42,6 @@ class NodeRun:
     metrics_interval_s: float = 0.0
     # the job's plan, where it watches for hangs (plan.hang_timeout_s): every node agent watches the whole job
     hang_plan: Optional[JobPlan] = None
-
-
-class HangWatch:
-    """A node agent's part in hang detection (:mod:`mmt.monitor.hangs`): the whole job's progress, its own ranks'
-    stacks, the job's hang record; then its ranks stop (the agent exits non-zero: srun ends the rest)."""
-
-    def __init__(self, plan: JobPlan, attempt: Attempt) -> None:
-        assert plan.hang_timeout_s is not None
-        self.plan, self.attempt = plan, attempt
-        self.progress = hangs.ProgressWatch(plan.hang_timeout_s, hangs.progress_paths(plan, attempt))
-        self.asked_at: Optional[float] = None
-        self.stalled = 0.0
-
-    def hung(self, job: JobProcesses, now: float) -> bool:
-        """True once the job has hung and the stacks are in (or their grace is over): stop the node's ranks."""
-        if self.asked_at is None:
-            self.stalled = self.progress.stalled_for(now)
-            if self.stalled < self.progress.timeout_s:
-                return False
-            self.asked_at = now
-            files = hangs.stack_files(self.plan)
-            for process in job.running:
-                if files[process.index].exists():  # armed: the signal would end one that is not
-                    proctree.signal_all([process.pid], stacks.STACK_SIGNAL)
-            return False
-        running = [i for i in range(self.plan.process_count) if self.attempt.done(i) is None]
-        if now - self.asked_at < hangs.STACKS_GRACE_S and not hangs.stacks_written(self.plan, running):
-            return False
-        hangs.write_hang(self.attempt, hangs.describe(self.plan, self.stalled, running))
-        return True
 
 
 def run(node: NodeRun) -> int:
@@ -114,14 +84,20 @@ def run(node: NodeRun) -> int:
             break
         job.started(spec.index, spawner.start(spec))
     metrics = JobMetrics(node.job_dir, node.processes, node.metrics_interval_s)
-    hang = HangWatch(node.hang_plan, attempt) if node.hang_plan and node.hang_plan.hang_timeout_s else None
+    # every node agent watches the whole job (its files are on the shared filesystem) and asks its own ranks for
+    # their stacks; the first to see them all writes the job's hang record, then each stops its ranks
+    hang = hangs.HangWatch(node.hang_plan, attempt) if node.hang_plan and node.hang_plan.hang_timeout_s else None
     while not job.ended:
         _reap(job)
         metrics.sample(job)
         forward_requeue()
-        if hang is not None and not terminated and hang.hung(job, time.monotonic()):
-            hang = None
-            job.stop()
+        if hang is not None and not terminated:
+            running = [i for i in range(hang.plan.process_count) if attempt.done(i) is None]
+            detail = hang.check(time.monotonic(), {p.index: p.pid for p in job.running}, running)
+            if detail is not None:
+                hangs.write_hang(attempt, detail)
+                hang = None
+                job.stop()
         job.tick()
         if not job.ended:
             time.sleep(_TICK_S)

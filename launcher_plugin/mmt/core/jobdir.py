@@ -165,7 +165,8 @@ class JobDir:
     def set_logs_aside(self, label: str) -> Optional[Path]:
         """Move the process logs an earlier attempt left in ``logs/`` into ``logs/previous/<label>/`` (``label``:
         that attempt's id), so that a new attempt's logs hold its own output only: what the console follows from
-        their start, the failing rank's last lines, ``mmt logs`` and the live page. Call it holding the job dir's
+        their start, the failing rank's last lines, ``mmt logs`` and the live page; a hang's stacks (``stacks/``)
+        go with them, so a new attempt's hang reads only its own. Call it holding the job dir's
         claim, before the new attempt starts a process. Returns where they went; None when there were none."""
         try:
             found = sorted(p for p in self.logs.iterdir() if LOG_NAME.fullmatch(p.name) and p.is_file())
@@ -179,6 +180,11 @@ class JobDir:
         target.mkdir(parents=True)
         for path in found:
             os.replace(path, target / path.name)
+        stacks = sorted(self.stacks.glob("*.txt"))  # a hang's stacks go with the logs they explain
+        if stacks:
+            (target / self.stacks.name).mkdir()
+            for path in stacks:
+                os.replace(path, target / self.stacks.name / path.name)
         return target
 
     def node_logs(self, node_rank: int, attempt_id: Optional[str] = None) -> List[Path]:

@@ -93,6 +93,9 @@ JAX_LOCAL_DEVICE_IDS = "JAX_LOCAL_DEVICE_IDS"
 # TORCHELASTIC_RESTART_COUNT is per agent); SLURM's own requeues are counted apart (SLURM_RESTART_COUNT)
 MMT_RESTART_COUNT = "MMT_RESTART_COUNT"
 MMT_MAX_RESTARTS = "MMT_MAX_RESTARTS"
+# hang detection (mmt.core.stacks): the file a rank touches as it makes progress, the file its stack goes to
+MMT_HEARTBEAT = "MMT_HEARTBEAT"
+MMT_STACKS_FILE = "MMT_STACKS_FILE"
 # where the job writes (its Hydra output dir) and which job this is; handy for `command=` scripts
 MMT_JOB_DIR = "MMT_JOB_DIR"
 MMT_JOB_ID = "MMT_JOB_ID"
@@ -174,8 +177,8 @@ _SCRUB_NAMES = RESERVED | {
     "JAX_COORDINATOR_PORT",
     "JAX_COORDINATOR_BIND_ADDRESS",
     # another job's heartbeat and stack file (a launch from inside a job): never this job's
-    "MMT_HEARTBEAT",
-    "MMT_STACKS_FILE",
+    MMT_HEARTBEAT,
+    MMT_STACKS_FILE,
 }
 
 

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, List, Optional
 
-HEARTBEAT_VAR = "MMT_HEARTBEAT"
-STACKS_VAR = "MMT_STACKS_FILE"
+from mmt.core.rank_env import MMT_HEARTBEAT, MMT_STACKS_FILE
+
+HEARTBEAT_VAR = MMT_HEARTBEAT
+STACKS_VAR = MMT_STACKS_FILE
 # a real-time signal: its default action would end a process that did not arm it, so the launcher sends it only to
 # ranks whose stack file exists (armed); none of Python, torch or Lightning uses it
 STACK_SIGNAL = signal.SIGRTMIN + 4

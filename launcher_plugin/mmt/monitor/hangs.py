@@ -17,10 +17,11 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from mmt.core import proctree
 from mmt.core.jobdir import Attempt, JobDir, read_json, write_atomic
-from mmt.core.stacks import HEARTBEAT_VAR, STACKS_VAR, where
+from mmt.core.stacks import HEARTBEAT_VAR, STACK_SIGNAL, STACKS_VAR, where
 from mmt.planning.plan import JobPlan
 
 # how long the ranks get to write their stacks once asked
@@ -53,6 +54,36 @@ class ProgressWatch:
             if snapshot != self.seen:
                 self.seen, self.last_change = snapshot, now
         return now - self.last_change
+
+
+class HangWatch:
+    """One watcher's part in hang detection: the job's progress; once none for the timeout, the stacks of the
+    processes it can signal; then, once the stacks of every process still running are in (or their grace is over),
+    the hang in one line. The local backend watches a job with one; on SLURM every node agent has its own."""
+
+    def __init__(self, plan: JobPlan, attempt: Attempt) -> None:
+        assert plan.hang_timeout_s is not None
+        self.plan = plan
+        self.progress = ProgressWatch(plan.hang_timeout_s, progress_paths(plan, attempt))
+        self.asked_at: Optional[float] = None
+        self.stalled = 0.0
+
+    def check(self, now: float, signalled: Mapping[int, int], running: Sequence[int]) -> Optional[str]:
+        """``now``: time.monotonic(); ``signalled``: process index -> pid of the processes this watcher may ask for
+        their stack; ``running``: the indices of every process of the job still running. The hang's line once
+        the job has hung and the stacks are in; None until then."""
+        if self.asked_at is None:
+            self.stalled = self.progress.stalled_for(now)
+            if self.stalled < self.progress.timeout_s:
+                return None
+            self.asked_at = now
+            files = stack_files(self.plan)
+            # only to an armed process: the real-time signal would end one that is not
+            proctree.signal_all([pid for index, pid in signalled.items() if files[index].exists()], STACK_SIGNAL)
+            return None
+        if now - self.asked_at < STACKS_GRACE_S and not stacks_written(self.plan, running):
+            return None
+        return describe(self.plan, self.stalled, running)
 
 
 def progress_paths(plan: JobPlan, attempt: Attempt) -> Tuple[Path, ...]:

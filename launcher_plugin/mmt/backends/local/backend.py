@@ -24,7 +24,7 @@ from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission
 from mmt.backends.local import records
 from mmt.backends.local.host import PortReservations, cpu_cores, visible_gpus
 from mmt.backends.local.watch import LocalWatcher
-from mmt.core import proctree, stacks
+from mmt.core import proctree
 from mmt.core.errors import ConfigError
 from mmt.core.jobdir import JobDir
 from mmt.core.rank_env import MMT_JOB_ID
@@ -87,9 +87,8 @@ class LocalJob(JobHandle):
     stop_detail: str = ""
     stop_sent: Optional[float] = None
     outcome: Optional[JobOutcome] = None
-    # hang detection (plan.hang_timeout_s): the job's progress, and when its ranks were asked for their stacks
-    progress: Optional[hangs.ProgressWatch] = None
-    stacks_asked: Optional[float] = None
+    # hang detection (plan.hang_timeout_s)
+    hang: Optional[hangs.HangWatch] = None
 
 
 class LocalBackend(Backend[LocalJob]):
@@ -206,32 +205,18 @@ class LocalBackend(Backend[LocalJob]):
         for job in list(self.jobs.values()):
             if job.stop_status is None and now >= job.deadline:
                 self._stop(job, JobState.TIMEOUT, running_detail(job.plan, sorted(job.running)))
-            elif job.progress is not None and job.stop_sent is None:
+            elif job.hang is not None and job.stop_sent is None:
                 self._watch_for_hang(job, now)
         self._schedule()
 
     def _watch_for_hang(self, job: LocalJob, now: float) -> None:
         """A job without progress for its hang timeout: its ranks' stacks first, then it fails saying where each
         one waits (and so may restart)."""
-        assert job.progress is not None
-        stalled = job.progress.stalled_for(now)
-        if job.stacks_asked is None:
-            if stalled < job.progress.timeout_s:
-                return
-            job.stacks_asked = now
-            files = hangs.stack_files(job.plan)
-            for index in sorted(job.running):
-                pid = job.pids.get(index)
-                if pid is not None and files[index].exists():  # armed: the signal would end one that is not
-                    try:
-                        os.kill(pid, stacks.STACK_SIGNAL)
-                    except ProcessLookupError:
-                        pass
-            return
+        assert job.hang is not None
         running = sorted(job.running)
-        if now - job.stacks_asked < hangs.STACKS_GRACE_S and not hangs.stacks_written(job.plan, running):
-            return
-        self._stop(job, JobState.FAILED, hangs.describe(job.plan, stalled, running))
+        detail = job.hang.check(now, {i: job.pids[i] for i in running if i in job.pids}, running)
+        if detail is not None:
+            self._stop(job, JobState.FAILED, detail)
 
     def close(self) -> None:
         if self.agent is not None:
@@ -297,9 +282,7 @@ class LocalBackend(Backend[LocalJob]):
                 )
             )
         if plan.hang_timeout_s is not None:
-            for stale in hangs.stack_files(plan):  # an earlier run's stacks are not this one's
-                stale.unlink(missing_ok=True)
-            job.progress = hangs.ProgressWatch(plan.hang_timeout_s, hangs.progress_paths(plan, job.attempt))
+            job.hang = hangs.HangWatch(plan, job.attempt)
         job.started = time.monotonic()
         job.deadline = job.started + max(0.0, plan.timeout_s - job.submission.time_used_s)
         job.state = JobState.RUNNING
