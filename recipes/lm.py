@@ -24,6 +24,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 
+from mmt.core import preemption
 from mmt.core.checkpoints import resume_from
 from mmt.lightning import AtomicCheckpointIO, EpochEndCheckpoint, Heartbeat, RequeueOnSignal, cluster_environment
 from recipes.corpus import load_splits, weights_digest
@@ -178,15 +179,15 @@ def _trainer(config: LMConfig, plan: RankPlan, throughput: Throughput, last: Pat
         # every step reaches metrics.csv at once: the launcher's progress and the live page read it
         logger=AppendingCSV(plan.out / "metrics.csv"),
         log_every_n_steps=1,
-        # mmt owns the requeue signal; the heartbeat is what its hang detection watches; a job that may restart
-        # also checkpoints where it resumes exactly
+        # mmt owns the requeue signal; the heartbeat is what its hang detection watches; a job that may restart, or
+        # that SLURM may requeue by itself (a lost node), also checkpoints where it resumes exactly
         callbacks=[
             checkpoints,
             throughput,
             RequeueOnSignal(str(last)),
             Heartbeat(),
             FaultDrill(config, plan),
-            *([EpochEndCheckpoint(str(last))] if plan.rank.max_restarts else []),
+            *([EpochEndCheckpoint(str(last))] if plan.rank.max_restarts or preemption.may_be_requeued() else []),
         ],
         plugins=[AtomicCheckpointIO(), *([environment] if environment else [])],
         default_root_dir=plan.out,

@@ -12,6 +12,12 @@
 #   slurm_cluster.sh status    daemons + sinfo (exit 1 if a daemon is not running)
 #   slurm_cluster.sh env       print `export SLURM_CONF=...`; use: eval "$(slurm_cluster.sh env)"
 #   slurm_cluster.sh purge     stop + delete $MMT_SLURM_BASE (state, accounting DB, logs, key)
+#   slurm_cluster.sh fail-node NODE
+#                              lose NODE as a machine is lost: SIGKILL its slurmd and every process
+#                              in its namespaces (job steps, tasks); slurmctld marks it DOWN once it
+#                              has not answered for MMT_SLURM_NODE_TIMEOUT s
+#   slurm_cluster.sh revive-node NODE
+#                              start NODE's slurmd again and wait until the node is idle
 #
 # How it works
 #   * Everything (configs, munge key and socket, state, spool, logs, database) lives under
@@ -35,7 +41,8 @@
 #
 # Knobs (environment variables):
 #   MMT_SLURM_BASE        base directory                             (/tmp/mmt-slurm)
-#   MMT_SLURM_NODES       number of nodes, node1..nodeN              (2)
+#   MMT_SLURM_NODES       number of nodes, node1..nodeN; the third is the spare a job lands on
+#                         when a node is lost                        (3)
 #   MMT_SLURM_CPUS        CPUs declared per node                     (4)
 #   MMT_SLURM_PORT0       first port: slurmctld=+1, slurmdbd=+2, mariadb=+3, slurmd nodeX=+10+X
 #                                                                    (16800)
@@ -43,6 +50,8 @@
 #   MMT_SLURM_PARTITION   name of the single (default) partition     (debug)
 #   MMT_SLURM_CLUSTER     ClusterName                                (mmt)
 #   MMT_SLURM_INSTALL     1 = apt-get install missing packages, 0 = fail instead   (1)
+#   MMT_SLURM_NODE_TIMEOUT  SlurmdTimeout: a node that has not answered for this long is DOWN
+#                         and its jobs end NODE_FAIL (requeued where they may be)     (10)
 #   MMT_SLURM_CRED_EXPIRE job credential lifetime in s; a requeued job waits this long + 1 s
 #                         before it can start again (Slurm's default is 120)        (10)
 # Two clusters at once need a different MMT_SLURM_BASE and MMT_SLURM_PORT0 (node addresses
@@ -51,7 +60,8 @@ set -euo pipefail
 umask 022
 
 BASE=${MMT_SLURM_BASE:-/tmp/mmt-slurm}
-NODES=${MMT_SLURM_NODES:-2}
+NODES=${MMT_SLURM_NODES:-3}
+NODE_TIMEOUT=${MMT_SLURM_NODE_TIMEOUT:-10}
 CPUS=${MMT_SLURM_CPUS:-4}
 PORT0=${MMT_SLURM_PORT0:-16800}
 ACCOUNTING=${MMT_SLURM_ACCOUNTING:-1}
@@ -263,7 +273,7 @@ MailProg=/bin/true
 JobCompType=jobcomp/none
 ReturnToService=2
 SlurmctldTimeout=30
-SlurmdTimeout=30
+SlurmdTimeout=$NODE_TIMEOUT
 InactiveLimit=0
 MinJobAge=300
 KillWait=5
@@ -548,6 +558,26 @@ cmd_status() {
     return $rc
 }
 
+cmd_fail_node() { # fail-node NODE
+    local n=${1:-}
+    [[ $n =~ ^node[0-9]+$ ]] || die "usage: $0 fail-node NODE (e.g. node2)"
+    alive "$RUN/slurmd.$n.pid" slurmd || die "$n: slurmd is not running"
+    take_lock
+    kill -KILL "$(<"$RUN/slurmd.$n.pid")"
+    rm -f "$RUN/slurmd.$n.pid"
+    kill_ns_leftovers "$n"
+    log "$n lost: slurmd and its processes killed; slurmctld marks it DOWN after ${NODE_TIMEOUT} s without an answer"
+}
+
+cmd_revive_node() { # revive-node NODE
+    local n=${1:-}
+    [[ $n =~ ^node[0-9]+$ ]] || die "usage: $0 revive-node NODE (e.g. node2)"
+    take_lock
+    start_node "$n"
+    scontrol update NodeName="$n" State=RESUME 2>/dev/null || true
+    wait_idle
+}
+
 cmd_purge() {
     cmd_stop
     log "removing $BASE"
@@ -561,8 +591,10 @@ case ${1:-} in
     status) cmd_status ;;
     env) echo "export SLURM_CONF=$SLURM_CONF" ;;
     purge) cmd_purge ;;
+    fail-node) cmd_fail_node "${2:-}" ;;
+    revive-node) cmd_revive_node "${2:-}" ;;
     *)
-        echo "usage: $0 {start|stop|restart|status|env|purge}" >&2
+        echo "usage: $0 {start|stop|restart|status|env|purge|fail-node NODE|revive-node NODE}" >&2
         exit 2
         ;;
 esac

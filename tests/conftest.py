@@ -52,7 +52,8 @@ def tag() -> str:
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """The project's two-node SLURM cluster on this host, started for the tests (and stopped if we started it).
+    """The project's SLURM test cluster on this host (three nodes: a 2-node job and a spare), started for the tests
+    (and stopped if we started it).
 
     Skips where SLURM cannot run here (not root, no unshare); with MMT_REQUIRE_SLURM=1 (CI) it fails instead.
     """

@@ -1,8 +1,9 @@
-"""cluster=slurm on a real two-node SLURM cluster started by scripts/slurm_cluster.sh (no fake sbatch). (Hydra's own
+"""cluster=slurm on a real multi-node SLURM cluster started by scripts/slurm_cluster.sh (no fake sbatch). (Hydra's own
 conformance suites on the same cluster: tests/conformance/test_slurm_conformance.py.)"""
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -38,18 +39,22 @@ def test_probe_sweep_one_and_two_nodes_one_agent_per_node(tmp_path, tag):
     ranks = two["return_value"]["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
     assert [r["node_rank"] for r in ranks] == [0, 0, 1, 1]
-    assert [r["hostname"] for r in ranks] == ["node1", "node1", "node2", "node2"]  # real, distinct nodes
+    hosts = [r["hostname"] for r in ranks]  # real, distinct nodes (which two: wherever SLURM had room)
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3] and all(h.startswith("node") for h in hosts), hosts
     # one SLURM task per node: its node agent forked both ranks of the node (one parent per node, two agents)
     parents = [r["ppid"] for r in ranks]
     assert parents[0] == parents[1] and parents[2] == parents[3] and parents[0] != parents[2]
     [attempt] = (tmp_path / "1" / ".mmt" / "attempts").iterdir()
     agents = [json.loads((attempt / f"agent.{n}.json").read_text()) for n in (0, 1)]
-    assert [a["host"] for a in agents] == ["node1", "node2"] and [a["pid"] for a in agents] == [parents[0], parents[2]]
+    assert [a["host"] for a in agents] == [hosts[0], hosts[2]] and [a["pid"] for a in agents] == [
+        parents[0],
+        parents[2],
+    ]
     # the ranks see the contract, not SLURM's per-task variables (Lightning picks LightningEnvironment)
     assert {r["slurm_procid"] for r in ranks} == {None}
-    assert {r["master"] for r in ranks} == {f"node1:{10000 + int(two['scheduler_id']) % 20000}"}
+    assert {r["master"] for r in ranks} == {f"{hosts[0]}:{10000 + int(two['scheduler_id']) % 20000}"}
     assert two["return_value"]["all_reduce"] == 10.0
-    assert [r["hostname"] for r in one["return_value"]["ranks"]] in (["node1"] * 2, ["node2"] * 2)
+    assert len({r["hostname"] for r in one["return_value"]["ranks"]}) == 1  # one node, whichever had room
 
 
 def test_per_rank_tasks_map_slurms_own_ids_onto_the_contract(tmp_path, tag):
@@ -58,7 +63,8 @@ def test_per_rank_tasks_map_slurms_own_ids_onto_the_contract(tmp_path, tag):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = results(tmp_path)[0]["return_value"]["ranks"]
-    assert [r["hostname"] for r in ranks] == ["node1", "node1", "node2", "node2"]
+    hosts = [r["hostname"] for r in ranks]  # two distinct nodes of the cluster, two ranks each
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3] and all(h.startswith("node") for h in hosts), hosts
     assert [r["slurm_procid"] for r in ranks] == ["0", "1", "2", "3"]
     assert [r["slurm_nodeid"] for r in ranks] == ["0", "0", "1", "1"]
     [attempt] = (tmp_path / "0" / ".mmt" / "attempts").iterdir()
@@ -214,7 +220,8 @@ def test_a_master_port_another_process_holds_fails_the_job_at_once_naming_it(tmp
     assert done.returncode != 0
     [result] = results(tmp_path)
     port = master_port(result["scheduler_id"])
-    assert result["status"] == "FAILED" and f"MASTER_PORT {port} on node1 is in use" in result["error"], result
+    assert result["status"] == "FAILED", result
+    assert re.search(rf"MASTER_PORT {port} on node\d is in use", result["error"]), result  # the job's node 0
     assert elapsed < 30, elapsed
     assert _squeue() == ""
 

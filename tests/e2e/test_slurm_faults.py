@@ -1,9 +1,11 @@
-"""SLURM when the cluster itself acts (issue 21), on the real two-node test cluster: a requeue SLURM starts itself, a
-rank the OOM killer SIGKILLs, USR2 sent to the whole job (batch shell included) again and again."""
+"""SLURM when the cluster itself acts (issue 21), on the real test cluster (three nodes: a 2-node job and a spare): a
+node lost mid-job, a requeue SLURM starts itself, a rank the OOM killer SIGKILLs, USR2 sent to the whole job (batch
+shell included) again and again, a slurmctld that does not answer."""
 
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -16,6 +18,8 @@ import pytest
 from helpers.app import app_command, app_env, results
 from helpers.paths import REPO
 from helpers.processes import from_a_terminal, tagged_pids, wait_gone, wait_until
+from helpers.restarts import SMALL_LM
+from helpers.slurm import cluster_nodes, lose_node, revive_node
 from mmt.core.jobdir import JobDir
 
 pytestmark = pytest.mark.slurm
@@ -28,9 +32,9 @@ def _cluster(slurm_cluster):
     yield
 
 
-def _launch(tmp_path: Path, tag: str, *overrides: str) -> subprocess.Popen:
+def _launch(tmp_path: Path, tag: str, *overrides: str, probe: bool = True) -> subprocess.Popen:
     return subprocess.Popen(
-        app_command(*PROBE, *overrides, sweep_dir=tmp_path),
+        app_command(*(PROBE if probe else ("cluster=slurm",)), *overrides, sweep_dir=tmp_path),
         cwd=REPO,
         env=app_env(tag),
         stdout=subprocess.PIPE,
@@ -95,17 +99,11 @@ def _status(name: str) -> str:
     return _row(name).get("status", "")
 
 
-def test_a_requeue_slurm_starts_itself_resumes_the_job_and_it_completes(tmp_path, tag):
-    name = f"rq{os.getpid()}"
+def _detach_running(tmp_path: Path, tag: str, name: str, *overrides: str) -> str:
+    """A probe job launched detached as ``name``, once ``mmt list`` shows it Running: its SLURM job id."""
     done = subprocess.run(
         app_command(
-            *PROBE,
-            "num_nodes=1",
-            "devices=2",
-            "recipe.hold_s=12",
-            "hydra.launcher.detach=true",
-            f"hydra.launcher.name={name}",
-            sweep_dir=tmp_path,
+            *PROBE, *overrides, "hydra.launcher.detach=true", f"hydra.launcher.name={name}", sweep_dir=tmp_path
         ),
         cwd=REPO,
         env=app_env(tag),
@@ -115,7 +113,12 @@ def test_a_requeue_slurm_starts_itself_resumes_the_job_and_it_completes(tmp_path
     )
     assert done.returncode == 0, done.stderr[-3000:]
     wait_until(lambda: _status(f"{name}-0") == "Running", 60, "Running")
-    job_id = str(_row(f"{name}-0")["scheduler_id"])
+    return str(_row(f"{name}-0")["scheduler_id"])
+
+
+def test_a_requeue_slurm_starts_itself_resumes_the_job_and_it_completes(tmp_path, tag):
+    name = f"rq{os.getpid()}"
+    job_id = _detach_running(tmp_path, tag, name, "num_nodes=1", "devices=2", "recipe.hold_s=12")
     try:
         time.sleep(3)  # mid-run: the ranks hold
         requeued = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
@@ -131,7 +134,11 @@ def test_a_requeue_slurm_starts_itself_resumes_the_job_and_it_completes(tmp_path
         [result] = results(tmp_path)
         assert result["status"] == "COMPLETED", result
         err = _batch_stderr(tmp_path, job_id)
-        assert "was requeued (restart 1); its next run concludes it" in err, err[-3000:]
+        why = f"SLURM requeued job {job_id} (scontrol requeue, preemption or a node failure)"
+        assert f"mmt: {why} (restart 1); its next run concludes it" in err, err[-3000:]
+        assert [(r["restart"], r["why"]) for r in result["requeues"]] == [(0, why)], result
+        inspect = subprocess.run([MMT, "inspect", f"{name}-0"], cwd=REPO, env=app_env(), capture_output=True, text=True)
+        assert f"requeued      run 0: {why}\n" in inspect.stdout, inspect.stdout
         assert "concluded inside the allocation: COMPLETED" in err, err[-3000:]
     finally:
         subprocess.run(["scancel", job_id])
@@ -200,6 +207,99 @@ def test_max_requeues_0_makes_slurm_refuse_a_requeue(tmp_path, tag):
     assert refused.returncode != 0, refused
     assert launcher.returncode == 0, err[-3000:]
     assert results(tmp_path)[0]["status"] == "COMPLETED"
+    assert wait_gone(tag, timeout_s=15) == []
+
+
+# ------------------------------------------------------------------------------------------------ a node lost
+
+
+@pytest.fixture
+def spare_node():
+    """A 2-node job's second node (node2), to be lost; node3 is the spare SLURM requeues onto. node2 is started
+    again however the test ends."""
+    if cluster_nodes() < 3:
+        pytest.skip("losing a node needs a spare: a test cluster of 3 nodes (MMT_SLURM_NODES=3, the default)")
+    yield "node2"
+    revive_node("node2")
+
+
+def _run_nodes(job_id: str) -> List[str]:
+    """Every run of the job, as accounting lists them: ``STATE NODELIST``."""
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-D", "-j", job_id, "-o", "State,NodeList"], capture_output=True, text=True
+    ).stdout
+    return [line.replace("|", " ") for line in out.splitlines() if line]
+
+
+def _metrics_rows(sweep_dir: Path) -> int:
+    metrics = sweep_dir / "0" / "metrics.csv"
+    return max(0, len(metrics.read_text().splitlines()) - 1) if metrics.exists() else 0
+
+
+def test_a_lost_node_is_named_and_the_requeued_lm_job_resumes_from_its_checkpoint_on_the_spare(
+    tmp_path, tag, spare_node
+):
+    """2 x 2 LM, max_requeues at its default (3). After the first epoch (28 steps: its checkpoint is written), node2's
+    slurmd and every process on it are SIGKILLed. SLURM finds it DOWN, ends the run NODE_FAIL and requeues the job
+    onto node1 and the spare node3; the requeued run resumes from the epoch's checkpoint and ends with the weights of
+    an uninterrupted run (the 40 steps, the same val_loss)."""
+    straight = tmp_path / "straight"
+    done = subprocess.run(
+        app_command("cluster=slurm", *SMALL_LM, sweep_dir=straight), cwd=REPO, env=app_env(tag), capture_output=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = results(straight)[0]["return_value"]
+    lost = tmp_path / "lost"
+    launcher = _launch(lost, tag, *SMALL_LM, "hydra.launcher.poll_interval_s=0.5", probe=False)
+    job_id = None
+    try:
+        job_id = _job_id(lost)
+        wait_until(lambda: _metrics_rows(lost) >= 31, 180, "the first epoch's end (step 28) and a few steps more")
+        assert (lost / "0" / "checkpoints" / "last.ckpt").exists()
+        lose_node(spare_node)
+        out, err = launcher.communicate(timeout=240)
+        # the job's own last step ends it in SLURM's books (not the scancel below)
+        wait_until(lambda: not _in_queue(str(job_id)) and len(_run_nodes(str(job_id))) == 2, 60, "accounting")
+    finally:
+        _cancel(launcher, job_id)
+    assert launcher.returncode == 0, out[-3000:] + err[-3000:]
+    named = f"SLURM job {job_id} lost node2 (not responding since "
+    notice = next((line for line in out.splitlines() if named in line), "")
+    assert notice.endswith(f"node 1 of the job, ranks 2-3; SLURM requeued it (restart 1); it resumes in {lost / '0'}")
+    [result] = results(lost)
+    assert result["status"] == "COMPLETED", result
+    [requeue] = result["requeues"]
+    assert requeue["restart"] == 0 and requeue["why"].startswith(named), requeue
+    assert requeue["why"].endswith("node 1 of the job, ranks 2-3; SLURM requeued it"), requeue
+    # the same job and attempt, on node1 and the spare
+    assert _run_nodes(job_id) == ["NODE_FAIL node[1-2]", "COMPLETED node[1,3]"]
+    assert [p.name for p in (lost / "0" / ".mmt" / "attempts").iterdir()] == [result["attempt"]]
+    value = result["return_value"]
+    assert value["resumed_from_checkpoint"] is True and value["steps"] == expected["steps"] == 40
+    assert value["val_loss"] == expected["val_loss"] and value["weight_digests"] == expected["weight_digests"]
+    assert wait_gone(tag, timeout_s=15) == []
+
+
+def test_a_lost_node_with_max_requeues_0_fails_the_job_naming_the_node(tmp_path, tag, spare_node):
+    name = f"nodeloss{os.getpid()}"
+    overrides = ("num_nodes=2", "devices=2", "recipe.hold_s=120", "hydra.launcher.max_requeues=0")
+    job_id = _detach_running(tmp_path, tag, name, *overrides)
+    try:
+        wait_until(lambda: all(_rank_pid(tmp_path, tag, r // 2, r) for r in range(4)), 60, "every rank")
+        lose_node(spare_node)
+        wait_until(lambda: _status(f"{name}-0") in ("Failed", "Completed", "Stopped"), 120, "the job to end")
+    finally:
+        subprocess.run(["scancel", job_id])
+    row = _row(f"{name}-0")
+    assert row["status"] == "Failed", row
+    [result] = results(tmp_path)
+    assert result["status"] == "FAILED", result
+    assert f"SLURM job {job_id} lost node2 (not responding since " in result["error"], result
+    # the allocation's own last step concludes it ("for it"), or, when it had no time to, whoever sees NODE_FAIL
+    assert re.search(r"node 1 of the job, ranks 2-3; SLURM ended the job (for it|NODE_FAIL)$", result["error"]), result
+    assert _run_nodes(job_id) == ["NODE_FAIL node[1-2]"]  # never requeued
+    assert "requeues" not in result
+    assert not _in_queue(job_id)
     assert wait_gone(tag, timeout_s=15) == []
 
 
@@ -280,15 +380,39 @@ def test_a_job_that_concluded_itself_is_reported_while_slurmctld_does_not_answer
         _cancel(launcher, job_id)
 
 
+def _sbatch_running(ancestor: int) -> bool:
+    """An sbatch among ``ancestor``'s descendants."""
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        if fields.get("Name", "").strip() != "sbatch":
+            continue
+        pid = int(status.parent.name)
+        while pid > 1:
+            try:
+                pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                break
+            if pid == ancestor:
+                return True
+    return False
+
+
 def test_a_submission_whose_sbatch_times_out_leaves_no_unknown_job(tmp_path, tag):
     name = f"lost{os.getpid()}"
     with _slurmctld_stopped():
         launcher = _launch(tmp_path, tag, "command='sleep 300'", f"hydra.launcher.name={name}")
-        time.sleep(20)  # sbatch gives up after slurmctld's MessageTimeout (10 s); the request stays in its socket
+        # the app's start takes seconds (more on a busy host): hold slurmctld from when sbatch asks it
+        wait_until(lambda: _sbatch_running(launcher.pid), 120, "the launcher's sbatch")
+        time.sleep(15)  # sbatch gives up after slurmctld's MessageTimeout (10 s); the request stays in its socket
     # slurmctld catches up and creates the job; the launcher finds it by its name and cancels it
     output, errors = launcher.communicate(timeout=180)
-    assert launcher.returncode != 0
-    line = next(line for line in errors.splitlines() if "sbatch gave up waiting for slurmctld" in line)
+    assert launcher.returncode != 0, errors[-3000:]
+    line = next(
+        (line for line in errors.splitlines() if "sbatch gave up waiting for slurmctld" in line), errors[-3000:]
+    )
     assert "was cancelled, nothing is left queued. HINT: submit again" in line, errors[-3000:]
     assert "Traceback" not in errors
     queued = subprocess.run(["squeue", "-h", "-n", f"mmt-{name}-0", "-o", "%i %T"], capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""SLURM jobs that wait in the queue, on the real test cluster (scripts/slurm_cluster.sh: two nodes of 4 CPUs): a job
+"""SLURM jobs that wait in the queue, on the real test cluster (scripts/slurm_cluster.sh: three nodes of 4 CPUs): a job
 that can never start is cancelled at once and FAILED with one line (what it asks, what the partition offers) instead
 of pending forever; one that waits for a reason that resolves shows the reason (the launcher's console, `mmt list`,
 `mmt inspect`) and waits; one that sbatch refuses outright is one line, not a traceback. (The reasons, their
@@ -138,3 +138,42 @@ def test_a_job_sbatch_refuses_is_one_line_naming_the_request_and_the_partition(t
     assert "Requested node configuration is not available" in line
     assert "it asks 1 node(s) x 1 task(s) x 8 CPUs (machine cpu_x_8)" in line
     assert re.search(r"partition \S+ offers \d+ nodes? \(\S+\) of 4 CPUs", line)
+
+
+def test_a_partition_the_cluster_lacks_is_one_line_naming_the_key_and_the_partitions_it_has(tmp_path, tag):
+    done = run_app(*PROBE, "num_nodes=1", "hydra.launcher.partition=nope", sweep_dir=tmp_path, tag=tag, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    [line] = [text for text in done.stderr.splitlines() if "sbatch refused it" in text]
+    assert re.search(r"no partition nope on this cluster \(hydra\.launcher\.partition=nope; it has: \w+", line), line
+
+
+def test_a_mixed_sweep_whose_second_job_sbatch_refuses_cancels_the_first_saying_why(tmp_path, tag):
+    """machine=cpu,a100 on a cluster without GPUs: job 0 is submitted, sbatch refuses job 1. A launch is all or
+    nothing: job 0 is cancelled, the console says so and why, and job 0's record says why (not "cancelled outside
+    the launcher")."""
+    name = f"mixed-{tag[:6]}"
+    done = run_app(
+        *PROBE,
+        "num_nodes=1",
+        "machine=cpu,a100",
+        f"hydra.launcher.name={name}",
+        sweep_dir=tmp_path,
+        tag=tag,
+        timeout=120,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    why = "the launch failed: job 1: sbatch refused it: Invalid generic resource (gres) specification"
+    assert f"mmt: cancelled the job(s) this launch had submitted, #0 ({name}-0): {why}" in done.stdout, done.stdout
+
+    def stopped() -> dict:
+        time.sleep(0.5)
+        row = _row(f"{name}-0")
+        return row if row.get("status") == "Stopped" else {}
+
+    row = wait_until(stopped, 60, "job 0 to be listed Stopped")
+    job_id = row["scheduler_id"]
+    wait_until(lambda: not _in_queue(job_id), 60, "the job to leave the queue")
+    inspect = mmt("inspect", f"{name}-0").stdout
+    assert re.search(rf"^error +job 0: stopped: {re.escape(why)}", inspect, re.M), inspect
+    assert "outside the launcher" not in inspect
+    assert f"{name}-1" not in mmt("list").stdout  # refused: never registered

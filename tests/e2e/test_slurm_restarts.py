@@ -1,4 +1,4 @@
-"""Restarts inside the allocation on the real two-node SLURM test cluster (hydra.launcher.max_restarts): the LM
+"""Restarts inside the allocation on the real SLURM test cluster (hydra.launcher.max_restarts): the LM
 recipe's rank SIGKILLed mid-training ends with the uninterrupted weights, in one SLURM job that never queued again;
 a detached job concludes itself with every run; the restart count is one for all ranks of a run."""
 

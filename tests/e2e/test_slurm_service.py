@@ -1,5 +1,5 @@
 """SLURM jobs that outlive their launcher: detached, after a lost terminal, after a killed launcher; re-attached with
-`mmt wait`, followed with `mmt list`/`mmt logs`, stopped with `mmt stop`. On the real two-node test cluster."""
+`mmt wait`, followed with `mmt list`/`mmt logs`, stopped with `mmt stop`. On the real SLURM test cluster."""
 
 import json
 import re
@@ -72,12 +72,14 @@ def test_a_detached_job_returns_at_once_and_concludes_itself(tmp_path, tag):
     assert row["metric"].startswith("seconds_to_first_collective=")
     [result] = results(tmp_path)
     assert result["status"] == "COMPLETED" and result["return_value"]["all_reduce"] == 10.0
-    # the node agents sampled their own node: node 0 on the cluster's node1, node 1 on node2
+    # the node agents sampled their own node: node 0 and node 1 of the job on two distinct nodes of the cluster
     samples = [
         [json.loads(line) for line in (tmp_path / "0" / "metrics" / f"node{n}.jsonl").read_text().splitlines()]
         for n in (0, 1)
     ]
-    assert all(samples) and [{s["host"] for s in node} for node in samples] == [{"node1"}, {"node2"}]
+    sampled = [{s["host"] for s in node} for node in samples]
+    hosts = [r["hostname"] for r in result["return_value"]["ranks"]]
+    assert all(samples) and sampled == [{hosts[0]}, {hosts[-1]}] and hosts[0] != hosts[-1], (sampled, hosts)
     # submitit's pickles hold the job's config and env: the owner's only
     pickles = list((tmp_path / ".submitit").rglob("*.pkl"))
     assert pickles and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in pickles)

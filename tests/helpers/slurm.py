@@ -28,3 +28,19 @@ def why_no_cluster() -> Optional[str]:
 def queued() -> str:
     """Every job SLURM queues or runs, one ``id name state`` line each ("" when none)."""
     return subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True).stdout.strip()
+
+
+def cluster_nodes() -> int:
+    """The nodes of the default partition (sinfo marks it with *)."""
+    out = subprocess.run(["sinfo", "-h", "-o", "%P %D"], capture_output=True, text=True, check=True).stdout
+    return sum(int(count) for name, count in (line.split() for line in out.splitlines()) if name.endswith("*"))
+
+
+def lose_node(name: str) -> None:
+    """Lose ``name`` as a machine is lost: its slurmd and every process on it SIGKILLed (slurm_cluster.sh)."""
+    subprocess.run([str(CLUSTER_SCRIPT), "fail-node", name], capture_output=True, text=True, check=True, timeout=60)
+
+
+def revive_node(name: str) -> None:
+    """Start ``name``'s slurmd again and wait until the node is idle."""
+    subprocess.run([str(CLUSTER_SCRIPT), "revive-node", name], capture_output=True, text=True, check=True, timeout=120)

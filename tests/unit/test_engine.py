@@ -114,7 +114,7 @@ def test_a_submission_that_fails_cancels_the_submitted_and_leaves_nothing_of_the
     with pytest.raises(RuntimeError, match="refused job 1"):
         _launch(tmp_path, _jobs(tmp_path, 3), backend, registry)
     assert [job.plan.num for job in backend.submitted] == [0]
-    assert backend.submitted[0].cancelled == "the launch failed"
+    assert backend.submitted[0].cancelled == "the launch failed: the fake scheduler refused job 1"  # saying why
     names = {record.name for record in registry.list()}
     assert f"fake-job-1-{tmp_path.name}" not in names and f"fake-job-2-{tmp_path.name}" not in names
     assert not list((tmp_path / "2").rglob("job.pkl"))

@@ -12,12 +12,12 @@ import pytest
 from helpers.config import compose_train
 from helpers.paths import REPO
 from helpers.plans import local_plan
+from mmt.backends.slurm.nodes import expand_nodelist
 from mmt.backends.slurm.task import (
     FRAMEWORK_PORT_BASE,
     FRAMEWORK_PORT_WINDOW,
     PORT_BASE,
     PORT_SPAN,
-    expand_nodelist,
     framework_port,
     master_port,
 )

@@ -81,14 +81,14 @@ def test_squeue_gives_the_reason_of_a_pending_job_whole_and_none_for_others():
 
 
 def _answers(monkeypatch, answers: Dict[str, Optional[str]]) -> List[List[str]]:
-    """queue._run answering each command (by its name) with its text, or failing (None); the calls made."""
+    """queue.ask answering each command (by its name) with its text, or failing (None); the calls made."""
     calls: List[List[str]] = []
 
     def run(args, env=None, timeout_s=30):
         calls.append(list(args))
         return answers.get(args[0])
 
-    monkeypatch.setattr(queue, "_run", run)
+    monkeypatch.setattr(queue, "ask", run)
     return calls
 
 
@@ -185,7 +185,8 @@ def test_reasons_that_resolve_by_waiting(reason):
     assert pending.verdict("24", reason, _facts()) is None
 
 
-def test_the_message_names_what_the_job_asks_and_what_the_partition_offers_on_one_line():
+def test_the_message_names_what_the_job_asks_and_what_the_partition_offers_on_one_line(monkeypatch):
+    monkeypatch.setattr(queue, "partition_names", lambda: None)  # sinfo does not answer
     message = pending.verdict("24", "PartitionConfig", _facts())
     assert message is not None and "\n" not in message
     assert message.startswith("SLURM job 24 can never start, so mmt cancelled it: PartitionConfig (")
@@ -194,6 +195,14 @@ def test_the_message_names_what_the_job_asks_and_what_the_partition_offers_on_on
     assert "HINT: " in message
     # what could not be read is said so, never guessed
     assert "its settings could not be read" in pending.verdict("24", "PartitionConfig", _facts(partition=None))
+
+
+def test_a_partition_the_cluster_does_not_have_is_named_with_the_key_and_the_ones_it_has(monkeypatch):
+    monkeypatch.setattr(queue, "ask", lambda args, env=None, timeout_s=30: "gpu\ndebug*\ngpu\n")
+    assert queue.partition_names() == ["debug", "gpu"]  # the default first, each once
+    assert pending.offers("nope", None, None) == (
+        "no partition nope on this cluster (hydra.launcher.partition=nope; it has: debug, gpu)"
+    )
 
 
 def test_partition_node_limit_is_never_only_when_the_partition_is_too_small():
@@ -215,7 +224,7 @@ def test_check_asks_slurm_only_for_a_reason_that_never_resolves(monkeypatch):
     calls = _answers(monkeypatch, {})
     monkeypatch.setattr(
         queue,
-        "_run",
+        "ask",
         lambda args, env=None: (
             calls.append(args)
             or {

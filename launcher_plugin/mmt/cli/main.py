@@ -361,6 +361,8 @@ def _inspect(args: argparse.Namespace) -> int:
     for run in facts["earlier_runs"]:
         took = "" if run["duration_s"] is None else f" after {run['duration_s']:.1f} s"
         print(f"run {run['restart']:<9} failed{took}: {run['error']}")
+    for one in facts["requeues"]:
+        print(f"requeued      run {one['restart']}: {one['why']}")
     result = record.result_record()
     if result is not None and result.error:
         print("error         " + result.error)

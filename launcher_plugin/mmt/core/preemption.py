@@ -77,6 +77,12 @@ def restarts() -> int:
     return int(os.environ.get(RESTARTS_VAR) or os.environ.get("SLURM_RESTART_COUNT") or 0)
 
 
+def may_be_requeued() -> bool:
+    """Whether SLURM may requeue this job (max_requeues > 0: ``--requeue``), by itself too: a lost node, scontrol
+    requeue. A recipe then checkpoints where it resumes exactly, not only on the signal."""
+    return installed() and int(os.environ.get(MAX_REQUEUES_VAR, "0") or 0) > 0
+
+
 def requeue_allowed() -> bool:
     return restarts() < int(os.environ.get(MAX_REQUEUES_VAR, "0") or 0)
 

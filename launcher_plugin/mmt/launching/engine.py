@@ -50,7 +50,7 @@ from mmt.records.outcome import (
 from mmt.records.ownership import Claim, claim
 from mmt.records.payload import JobPayload, discard_payload, write_payload
 from mmt.records.registry import JobRecord, Registry
-from mmt.records.restarts import recorded, with_earlier_runs
+from mmt.records.restarts import recorded, with_earlier_runs, with_requeues
 from mmt.records.schema import EarlierRun, OwnerRecord, ResultRecord, UnknownSchemaError
 
 _TICK_S = 0.05
@@ -249,9 +249,14 @@ def _start(
                 claims[plan.num].update(scheduler_id=scheduler_id)
                 if options.registry is not None:
                     options.registry.update(plan.name, scheduler_id=scheduler_id)
-    except BaseException:
+    except BaseException as exc:
+        # a launch is all or nothing: the jobs it submitted before one was refused are cancelled, saying why
+        why = f"the launch failed: {first_line(str(exc)) or type(exc).__name__}"
         for item in watched:
-            backend.cancel(item.handle, "the launch failed")
+            backend.cancel(item.handle, why)
+        if watched:
+            jobs_text = ", ".join(f"#{item.plan.num} ({item.plan.name})" for item in watched)
+            console.write(f"mmt: cancelled the job(s) this launch had submitted, {jobs_text}: {why}\n")
         _give_up(_unsubmitted(plans, watched), attempts, claims, backend, options.registry)
         raise
     unsubmitted = _unsubmitted(plans, watched)
@@ -624,7 +629,7 @@ def _conclude(item: _Watched, outcome: JobOutcome, console: Console, registry: O
             plan, outcome, return_value_of(primary), attempt.id, started_at=item.started_at, ended_at=time.time()
         )
         # the runs this process restarted, else those a restart inside a SLURM allocation recorded
-        record = with_earlier_runs(record, item.earlier_runs or recorded(attempt))
+        record = with_requeues(with_earlier_runs(record, item.earlier_runs or recorded(attempt)), attempt)
         try:
             write_result(plan, record)
         except OSError as exc:

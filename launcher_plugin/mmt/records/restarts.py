@@ -1,16 +1,20 @@
-"""The runs of a job that failed and were restarted (``hydra.launcher.max_restarts``), as its result tells them.
+"""The runs of a job before its last, as its result tells them: those that failed and were restarted
+(``hydra.launcher.max_restarts``), and those SLURM requeued (a lost node, ``scontrol requeue``, preemption).
 
 Whoever restarts a job keeps them: the engine in memory for the jobs it supervises (local), the batch script's
 restart step in the attempt dir (``earlier_runs.json``: SLURM, where the restart happens inside the allocation and
-the job's last step writes its result).
+the job's last step writes its result). A requeued run leaves ``requeued.<restart>`` in the attempt dir (written by
+the rank that requeued it, empty, or by the run's last step, with why).
 """
 
 import json
+import time
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import List, Optional, Sequence
 
 from mmt.core.jobdir import Attempt, read_json, write_atomic
-from mmt.records.schema import EarlierRun, ResultRecord
+from mmt.records.schema import EarlierRun, Requeue, ResultRecord
 
 
 def recorded(attempt: Attempt) -> List[EarlierRun]:
@@ -39,3 +43,45 @@ def _error_with(error: Optional[str], runs: Sequence[EarlierRun]) -> Optional[st
     earlier = "; ".join(f"run {run.restart}: {run.error}" for run in runs)
     head, _, rest = error.partition("\n")
     return f"{head} (run {len(runs)}, after {len(runs)} restart(s); earlier: {earlier})" + ("\n" + rest if rest else "")
+
+
+# what an empty ``requeued.<restart>`` says: the rank that took the requeue signal requeued the job itself
+ON_SIGNAL = "requeued by mmt on the requeue signal (USR2), from its checkpoint"
+
+
+def record_requeue(attempt: Attempt, restart: int, why: str) -> None:
+    """Mark run ``restart`` of the job requeued, saying why (the next run resumes; its last step concludes)."""
+    write_atomic(attempt.requeued_file(restart), json.dumps({"why": why, "at": time.time()}).encode(), private=True)
+
+
+def requeues(attempt: Attempt) -> List[Requeue]:
+    """The requeued runs the attempt dir records, oldest first."""
+    found = []
+    for path in attempt.dir.glob("requeued.*"):
+        restart = path.suffix.lstrip(".")
+        if not restart.isdigit():
+            continue
+        data = read_json(path)
+        data = data if isinstance(data, dict) else {}
+        at = data.get("at")
+        found.append(
+            Requeue(
+                restart=int(restart),
+                why=str(data.get("why") or ON_SIGNAL),
+                at=float(at) if isinstance(at, (int, float)) else _modified(path),
+            )
+        )
+    return sorted(found, key=lambda one: one.restart)
+
+
+def _modified(path: Path) -> Optional[float]:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def with_requeues(result: ResultRecord, attempt: Attempt) -> ResultRecord:
+    """The result with the runs SLURM requeued before it."""
+    found = requeues(attempt)
+    return replace(result, requeues=tuple(found)) if found else result

@@ -5,7 +5,8 @@ mmt.records.schema (versioned the same way), of one attempt (it lives in the att
 Written by whoever asks the scheduler about the job: the SLURM backend while a launcher (or ``mmt wait``) watches,
 and a refresh (``mmt list``, ``mmt inspect``, the SDK) from any process. Read by ``mmt list``/``mmt inspect`` and the
 live page, which never ask the scheduler themselves, and by whoever concludes a job cancelled because it could never
-start (so that it is FAILED with the reason, not "cancelled outside"). A backend without a queue (local) writes none.
+start (so that it is FAILED with the reason, not "cancelled outside"), or that its launcher cancelled (saying why).
+A backend without a queue (local) writes none.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class SchedulerRecord(_Record):
     # the scheduler does not answer (SLURM: "slurmctld" when squeue fails, "slurmdbd" when sacct does), since then
     unreachable: Optional[str] = None
     unreachable_since: Optional[float] = None
+    # the launcher cancelled the job, and why ("the launch failed: job 1 was refused ..."): whoever concludes the
+    # job later (its own last step, ``mmt list``) says so, not "cancelled outside the launcher"
+    stopped_because: Optional[str] = None
 
     @property
     def reason_code(self) -> Optional[str]:
@@ -121,6 +125,7 @@ class SchedulerRecord(_Record):
             "message": self.message,
             "unreachable": self.unreachable,
             "unreachable_since": self.unreachable_since,
+            **({"stopped_because": self.stopped_because} if self.stopped_because else {}),
         }
 
     @classmethod
@@ -136,6 +141,7 @@ class SchedulerRecord(_Record):
             message=_get(data, "message", (str,)),
             unreachable=_get(data, "unreachable", (str,)),
             unreachable_since=_get(data, "unreachable_since", _NUMBER),
+            stopped_because=_get(data, "stopped_because", (str,)),
         )
 
 

@@ -204,6 +204,21 @@ class EarlierRun:
         )
 
 
+@dataclass(frozen=True)
+class Requeue:
+    """A run of a SLURM job that was requeued (same job id, same attempt): part of its result."""
+
+    restart: int  # SLURM_RESTART_COUNT of the run that was requeued
+    why: str  # who requeued it and why: a lost node, ``scontrol requeue``, mmt on the requeue signal
+    at: Optional[float] = None
+
+    @classmethod
+    def of(cls, data: Any) -> Optional["Requeue"]:
+        if not isinstance(data, Mapping) or not isinstance(data.get("restart"), int):
+            return None
+        return cls(restart=data["restart"], why=str(data.get("why") or ""), at=_get(data, "at", _NUMBER))
+
+
 @dataclass(frozen=True, kw_only=True)
 class ResultRecord(_Record):
     """How a job ended (``result.json``). The job's own record of one attempt: a reader checks ``attempt``."""
@@ -239,6 +254,8 @@ class ResultRecord(_Record):
     error: Optional[str] = None
     # the runs that failed before this one and were restarted, oldest first (their count is MMT_RESTART_COUNT)
     earlier_runs: Tuple[EarlierRun, ...] = ()
+    # SLURM: the runs that were requeued (a lost node, scontrol requeue, preemption), oldest first
+    requeues: Tuple[Requeue, ...] = ()
 
     @property
     def restarts(self) -> int:
@@ -275,6 +292,8 @@ class ResultRecord(_Record):
         if self.earlier_runs:
             data["restarts"] = self.restarts
             data["earlier_runs"] = [asdict(run) for run in self.earlier_runs]
+        if self.requeues:
+            data["requeues"] = [asdict(requeue) for requeue in self.requeues]
         return data
 
     @classmethod
@@ -304,6 +323,9 @@ class ResultRecord(_Record):
             error=_get(data, "error", (str,)),
             earlier_runs=tuple(
                 run for run in map(EarlierRun.of, _get(data, "earlier_runs", (list,), ()) or ()) if run is not None
+            ),
+            requeues=tuple(
+                one for one in map(Requeue.of, _get(data, "requeues", (list,), ()) or ()) if one is not None
             ),
         )
 

@@ -127,6 +127,8 @@ def job_facts(record: JobRecord) -> Dict[str, Any]:
         "machines": [{"rank": n, "status": node_status(record, n)} for n in range(record.num_nodes)],
         # the runs that failed and were restarted, oldest first: restart, error, started_at, ended_at, duration_s
         "earlier_runs": [asdict(run) for run in (result.earlier_runs if result is not None else ())],
+        # SLURM: the runs that were requeued (a lost node, scontrol requeue, the requeue signal): restart, why, at
+        "requeues": [asdict(one) for one in (result.requeues if result is not None else ())],
     }
 
 

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission, Watcher
 from mmt.backends.slurm import pending, queue, records
 from mmt.backends.slurm.conclusion import conclude
+from mmt.backends.slurm.nodes import lost_by_run, lost_in_run, lost_node_detail, node_fail_kwargs
 from mmt.backends.slurm.sbatch import (
     SlurmSettings,
     job_name_for,
@@ -305,6 +306,8 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         if handle.outcome is None and handle.stopped_because is None:
             handle.stopped_because = reason
             handle.state = JobState.STOPPING
+            # first: whoever concludes the job (its own last step, `mmt list`) then says why it was cancelled
+            self._write_view(handle, replace(self._view(handle), stopped_because=reason))
             self._send_cancel(handle)
             self._next_query = 0.0
 
@@ -386,9 +389,16 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
                     job.state = JobState.RUNNING
             if state.restarts > job.restarts:
                 job.restarts = state.restarts
+                lost, hosts = lost_by_run(job.job_id, state.restarts - 1)
+                lost = lost_in_run(job.plan, job.attempt, lost, hosts)
+                what = (
+                    f": {lost_node_detail(job.plan, job.attempt, job.job_id, lost, hosts)}; SLURM requeued it"
+                    if lost
+                    else " was requeued"
+                )
                 self._notices.append(
-                    f"mmt: job {job.plan.num} (SLURM {job.job_id}) was requeued (restart "
-                    f"{state.restarts}); it resumes in {job.plan.job_dir}"
+                    f"mmt: job {job.plan.num} (SLURM {job.job_id}){what} (restart {state.restarts}); it resumes in "
+                    f"{job.plan.job_dir}"
                 )
         if all_succeeded(job.plan, job.attempt):
             # done: SLURM still runs the job's epilog for a second or more, nothing that changes the result
@@ -419,6 +429,7 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
                 slurm_state=job.final_state,
                 stopped_because=job.stopped_because,
                 stderr=job.stderr,
+                **node_fail_kwargs(job.job_id, job.final_state),
             ),
         )
 

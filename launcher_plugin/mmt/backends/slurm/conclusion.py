@@ -3,8 +3,9 @@ there). The launcher and the job's own last step (``finalize``) conclude with th
 
 import signal
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
+from mmt.backends.slurm.nodes import LostNode, lost_in_run, lost_node_detail
 from mmt.backends.slurm.queue import GONE
 from mmt.backends.slurm.task import failed_tasks
 from mmt.core.errors import RankFailure
@@ -67,16 +68,24 @@ def conclude(
     stderr: Optional[Path] = None,
     time_limit_reached: bool = False,
     batch_terminated_at: Optional[float] = None,
+    lost: Sequence[LostNode] = (),
+    hosts: Sequence[str] = (),
 ) -> JobOutcome:
     """``slurm_state``: SLURM's final state (None inside the job, where it is not known yet);
     ``stopped_because``: the launcher cancelled the job, and why; ``batch_terminated_at``: when the batch script got
-    SIGTERM (inside the job)."""
+    SIGTERM (inside the job); ``lost``: the nodes SLURM holds lost now, of the run's ``hosts`` (node order)."""
     outcome = JobOutcome(JobState.COMPLETED, duration_s, scheduler_id=scheduler_id)
     if all_succeeded(plan, attempt):
         return outcome
     hung = read_hang(attempt)
     if hung is not None and not stopped_because:  # its node agents stopped it: every rank's end follows from that
         outcome.status, outcome.detail = JobState.FAILED, hung
+        return outcome
+    lost = lost_in_run(plan, attempt, lost, hosts)
+    if lost and not stopped_because:  # every other rank's end (SIGTERM, a broken collective) follows from that
+        outcome.status = JobState.FAILED
+        outcome.detail = lost_node_detail(plan, attempt, scheduler_id, lost, hosts)
+        outcome.detail += f"; SLURM ended the job {slurm_state or 'for it'}"  # NODE_FAIL, seen from outside
         return outcome
     stopped_at = terminated_at(plan, attempt, batch_terminated_at)
     ended_outside = stopped_at is not None or stopped_because is not None or slurm_state in _ENDED_OUTSIDE

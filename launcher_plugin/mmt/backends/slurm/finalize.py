@@ -14,13 +14,16 @@ from pathlib import Path
 from typing import List, Optional
 
 from mmt.backends.slurm.conclusion import conclude
+from mmt.backends.slurm.nodes import LostNode, lost_in_run, lost_nodes, node_hosts, requeue_why
 from mmt.backends.slurm.queue import restart_count
 from mmt.backends.slurm.sbatch import RUN_STARTED_VAR, STARTED_VAR
 from mmt.core.jobdir import Attempt
-from mmt.records.outcome import read_primary_return, result_record, return_value_of, write_result
+from mmt.planning.plan import JobPlan
+from mmt.records.outcome import all_succeeded, read_primary_return, result_record, return_value_of, write_result
 from mmt.records.ownership import read_owner
 from mmt.records.payload import discard_payload, read_plan
-from mmt.records.restarts import recorded, with_earlier_runs
+from mmt.records.restarts import record_requeue, recorded, with_earlier_runs, with_requeues
+from mmt.records.scheduler import read_scheduler
 
 
 def batch_stderr() -> Optional[Path]:
@@ -37,6 +40,18 @@ def _requeued_by_slurm(job_id: str, restarts: int) -> bool:
     return now is not None and now > restarts
 
 
+def _hosts() -> List[str]:
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or ""
+    return node_hosts(nodelist) if nodelist else []
+
+
+def lost_here(plan: JobPlan, attempt: Attempt, hosts: List[str]) -> List[LostNode]:
+    """The nodes of this run that SLURM holds lost (asked only when the run did not complete)."""
+    if all_succeeded(plan, attempt) or not hosts:
+        return []
+    return lost_in_run(plan, attempt, lost_nodes(os.environ.get("SLURM_JOB_NODELIST") or ""), hosts)
+
+
 def requeued(attempt: Attempt, job_id: str) -> bool:
     """Whether this run of the job was requeued, by mmt (the requeue signal) or by SLURM itself (scontrol requeue,
     preemption, a node failure); the next run needs the payload (job.json, job.pkl) and concludes the job."""
@@ -44,10 +59,13 @@ def requeued(attempt: Attempt, job_id: str) -> bool:
     if attempt.requeued_file(restarts).exists():
         return True
     if _requeued_by_slurm(job_id, restarts):
-        attempt.requeued_file(restarts).touch()
-        print(
-            f"mmt: SLURM job {job_id} was requeued (restart {restarts + 1}); its next run concludes it", file=sys.stderr
-        )
+        try:
+            plan: Optional[JobPlan] = read_plan(attempt)
+        except Exception:  # noqa: BLE001 - a payload it cannot read is the next run's to refuse; the why stays
+            plan = None
+        why = requeue_why(plan, attempt, job_id, restarts, os.environ.get("SLURM_JOB_NODELIST"))
+        record_requeue(attempt, restarts, why)
+        print(f"mmt: {why} (restart {restarts + 1}); its next run concludes it", file=sys.stderr)
         return True
     return False
 
@@ -69,6 +87,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     limit_s = max(60.0, 60.0 * -(-plan.timeout_s // 60))  # sbatch --time is whole minutes
     terminated = float(args[2]) if len(args) > 2 and args[2] else None
     run_started = float(os.environ.get(RUN_STARTED_VAR) or started)  # the last run's, after restarts
+    hosts = _hosts()
+    view = read_scheduler(attempt)
     outcome = conclude(
         plan,
         attempt,
@@ -78,10 +98,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         stderr=batch_stderr(),
         time_limit_reached=terminated is not None and elapsed >= limit_s - 5,
         batch_terminated_at=terminated,
+        stopped_because=view.stopped_because if view is not None else None,  # its launcher cancelled it: why
+        lost=lost_here(plan, attempt, hosts) if terminated is not None else [],
+        hosts=hosts,
     )
     value = return_value_of(read_primary_return(attempt))
     result = result_record(plan, outcome, value, attempt.id, started_at=started, ended_at=time.time())
-    write_result(plan, with_earlier_runs(result, recorded(attempt)))  # the runs restarted inside the allocation
+    # the runs restarted inside the allocation, and those SLURM requeued
+    write_result(plan, with_requeues(with_earlier_runs(result, recorded(attempt)), attempt))
     discard_payload(attempt)
     attempt.finalized.touch()
     print(f"mmt: job {plan.name} concluded inside the allocation: {outcome.status}", file=sys.stderr)

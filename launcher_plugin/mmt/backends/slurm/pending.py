@@ -210,6 +210,10 @@ def asks(job: Dict[str, str], code: str) -> str:
 def offers(name: str, partition: Optional[Dict[str, str]], kinds: Optional[List[queue.NodeKind]]) -> str:
     """What the partition offers: ``2 nodes (node[1-2]) of 4 CPUs and 24105 MB, 8 CPUs in all, no time limit``."""
     if partition is None:
+        names = queue.partition_names()
+        if names is not None and name not in names:
+            listed = ", ".join(names) or "none"
+            return f"no partition {name} on this cluster (hydra.launcher.partition={name}; it has: {listed})"
         return f"partition {name}: its settings could not be read (scontrol show partition {name})"
     total = partition.get("TotalNodes", "?")
     head = f"partition {name} offers {_plural(total, 'node')}"

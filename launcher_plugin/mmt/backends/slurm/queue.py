@@ -61,7 +61,7 @@ class JobState:
         return self.state in FINAL or self.state == GONE
 
 
-def _run(args: list, env: Optional[Dict[str, str]] = None, timeout_s: float = 30) -> Optional[str]:
+def ask(args: list, env: Optional[Dict[str, str]] = None, timeout_s: float = 30) -> Optional[str]:
     # a session of its own: the terminal's Ctrl-C, sent to the launcher's whole process group, must not kill the
     # scancel that the launcher runs because of that Ctrl-C
     try:
@@ -72,7 +72,7 @@ def _run(args: list, env: Optional[Dict[str, str]] = None, timeout_s: float = 30
 
 
 def _sacct(ids: list) -> Optional[Dict[str, JobState]]:
-    out = _run(["sacct", "-X", "-n", "-P", "-D", "-j", ",".join(ids), "-o", "JobID,State,ExitCode"])
+    out = ask(["sacct", "-X", "-n", "-P", "-D", "-j", ",".join(ids), "-o", "JobID,State,ExitCode"])
     if out is None:
         return None
     found: Dict[str, JobState] = {}
@@ -90,9 +90,18 @@ def restart_count(job_id: str) -> Optional[int]:
     """How often SLURM has requeued the job so far (``scontrol show job``'s Restarts), None when it cannot say. A
     requeue (``scontrol requeue``, preemption, a node failure) raises it before the batch script's EXIT trap runs,
     while that run's own ``SLURM_RESTART_COUNT`` keeps the old value."""
-    out = _run(["scontrol", "show", "job", "-o", job_id])
+    out = ask(["scontrol", "show", "job", "-o", job_id])
     match = re.search(r"\bRestarts=(\d+)", out or "")
     return int(match.group(1)) if match else None
+
+
+def partition_names() -> Optional[List[str]]:
+    """The cluster's partitions (sinfo), the default one first, None when SLURM cannot be asked."""
+    out = ask(["sinfo", "-h", "-o", "%P"], timeout_s=QUERY_TIMEOUT_S)
+    if out is None:
+        return None
+    names = list(dict.fromkeys(line.strip() for line in out.splitlines() if line.strip()))
+    return [name.rstrip("*") for name in sorted(names, key=lambda name: not name.endswith("*"))]
 
 
 # squeue's columns: no width (the whole value, a long reason included), each ended by "|"
@@ -118,7 +127,7 @@ QUERY_TIMEOUT_S = 8.0
 
 def _squeue(ids: list) -> Optional[Dict[str, JobState]]:
     # -t all: a job that just ended is still listed (COMPLETING, CANCELLED ...) for MinJobAge
-    out = _run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-O", SQUEUE_FORMAT], timeout_s=QUERY_TIMEOUT_S)
+    out = ask(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-O", SQUEUE_FORMAT], timeout_s=QUERY_TIMEOUT_S)
     return None if out is None else parse_squeue(out)
 
 
@@ -164,7 +173,7 @@ def query(job_ids: Iterable[str], accounting: bool = True) -> Answer:
 def latest_job_named(name: str, submitted_since: float) -> Optional[str]:
     """This user's newest job called ``name`` submitted at ``submitted_since`` or later (whole seconds: not an older
     job that had the same name); "" when there is none, None when the queue did not answer."""
-    out = _run(
+    out = ask(
         ["squeue", "-h", "-t", "all", "-u", getpass.getuser(), "-n", name, "-o", "%i|%V"],
         env={**os.environ, "SLURM_TIME_FORMAT": "standard"},
         timeout_s=QUERY_TIMEOUT_S,
@@ -190,7 +199,7 @@ def is_active(job_id: str) -> Optional[bool]:
 
 
 def accounting_available() -> bool:
-    return _run(["sacct", "-n", "-X", "-S", "now", "-o", "JobID"]) is not None
+    return ask(["sacct", "-n", "-X", "-S", "now", "-o", "JobID"]) is not None
 
 
 # scancel waits and retries for as long as slurmctld does not answer (a minute when it is stopped): a launcher
@@ -204,7 +213,7 @@ def cancel(job_ids: Iterable[str], signal_name: Optional[str] = None) -> bool:
     if not ids:
         return True
     args = ["scancel", *([f"--signal={signal_name}", "--full"] if signal_name else []), *ids]
-    return _run(args, timeout_s=CANCEL_TIMEOUT_S) is not None
+    return ask(args, timeout_s=CANCEL_TIMEOUT_S) is not None
 
 
 # ------------------------------------------------------------------------------------------ a job and its partition
@@ -231,14 +240,14 @@ def parse_fields(out: str) -> Dict[str, str]:
 def job_facts(job_id: str) -> Optional[Dict[str, str]]:
     """What SLURM holds of the job (``scontrol show job -o``: NumNodes, NumCPUs, MinMemoryNode, TimeLimit, Partition,
     Account, QOS ...); None when it cannot be asked."""
-    out = _run(["scontrol", "show", "job", "-o", job_id])
+    out = ask(["scontrol", "show", "job", "-o", job_id])
     return parse_fields(out.splitlines()[0]) if out and out.strip() else None
 
 
 def partition_facts(name: str) -> Optional[Dict[str, str]]:
     """The partition's settings (``scontrol show partition -o``: TotalNodes, TotalCPUs, MaxNodes, MaxTime, Nodes,
     AllowAccounts ...); None when it cannot be asked."""
-    out = _run(["scontrol", "show", "partition", "-o", name])
+    out = ask(["scontrol", "show", "partition", "-o", name])
     return parse_fields(out.splitlines()[0]) if out and out.strip() else None
 
 
@@ -269,11 +278,11 @@ def parse_sinfo(out: str) -> List[NodeKind]:
 
 def node_kinds(partition: str) -> Optional[List[NodeKind]]:
     """The kinds of node the partition has; None when SLURM cannot be asked."""
-    out = _run(["sinfo", "-h", "-e", "-p", partition, "-o", SINFO_FORMAT])
+    out = ask(["sinfo", "-h", "-e", "-p", partition, "-o", SINFO_FORMAT])
     return None if out is None else parse_sinfo(out)
 
 
 def default_partition() -> Optional[str]:
     """The partition a job goes to when it names none (sinfo marks it with ``*``); None when there is none."""
-    out = _run(["sinfo", "-h", "-o", "%P"])
+    out = ask(["sinfo", "-h", "-o", "%P"])
     return next((line.strip().rstrip("*") for line in (out or "").splitlines() if line.strip().endswith("*")), None)

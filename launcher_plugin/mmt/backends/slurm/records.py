@@ -11,6 +11,7 @@ from typing import Optional
 
 from mmt.backends.slurm import pending, queue
 from mmt.backends.slurm.conclusion import conclude
+from mmt.backends.slurm.nodes import node_fail_kwargs
 from mmt.backends.slurm.sbatch import job_name_for
 from mmt.core.jobdir import Attempt, JobDir
 from mmt.core.states import JobState
@@ -19,7 +20,7 @@ from mmt.records.ownership import lock_is_held, read_owner
 from mmt.records.payload import UnsafePayloadError, discard_payload, read_plan
 from mmt.records.reconcile import conclude_orphan, own_result, request_stop, save
 from mmt.records.registry import JobRecord, Registry
-from mmt.records.restarts import recorded, with_earlier_runs
+from mmt.records.restarts import recorded, with_earlier_runs, with_requeues
 from mmt.records.scheduler import SchedulerRecord, read_scheduler, write_scheduler
 from mmt.records.schema import ResultRecord
 
@@ -54,7 +55,7 @@ def refresh(record: JobRecord, registry: Registry) -> JobRecord:
             # ended in SLURM without its own last step writing the result (cancelled while it waited in the queue,
             # a node lost): concluded here as that step would have, with what SLURM says
             never = view.message if view is not None and view.never_starts else None
-            result = _conclude_ended(record, current.state, never)
+            result = _conclude_ended(record, current.state, never, view.stopped_because if view else None)
             state = JobState.STOPPING.value if result is None else state
     return save(record, registry, state, result)
 
@@ -77,8 +78,11 @@ def _note_queue(
     return message
 
 
-def _conclude_ended(record: JobRecord, slurm_state: str, never: Optional[str] = None) -> Optional[ResultRecord]:
-    """``never``: the job was cancelled because it could never start (FAILED, with that line)."""
+def _conclude_ended(
+    record: JobRecord, slurm_state: str, never: Optional[str] = None, stopped_because: Optional[str] = None
+) -> Optional[ResultRecord]:
+    """``never``: the job was cancelled because it could never start (FAILED, with that line); ``stopped_because``:
+    its launcher cancelled it, and why."""
     attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
     try:
         plan = read_plan(attempt)
@@ -87,11 +91,19 @@ def _conclude_ended(record: JobRecord, slurm_state: str, never: Optional[str] = 
     if never is not None:
         outcome = JobOutcome(JobState.FAILED, None, detail=never, scheduler_id=str(record.scheduler_id))
     else:
+        scheduler_id = str(record.scheduler_id)
         outcome = conclude(
-            plan, attempt, scheduler_id=str(record.scheduler_id), duration_s=None, slurm_state=slurm_state
+            plan,
+            attempt,
+            scheduler_id=scheduler_id,
+            duration_s=None,
+            slurm_state=slurm_state,
+            stopped_because=stopped_because,
+            **node_fail_kwargs(scheduler_id, slurm_state),
         )
     value = return_value_of(read_primary_return(attempt))
     result = with_earlier_runs(result_record(plan, outcome, value, attempt.id, ended_at=time.time()), recorded(attempt))
+    result = with_requeues(result, attempt)
     try:
         write_result(plan, result)
     except OSError:

@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from mmt.agent.node import NodeRun
 from mmt.agent.node import run as run_node
 from mmt.agent.processes import ProcessSpec
+from mmt.backends.slurm.nodes import node_hosts, requeue_why
 from mmt.core import preemption
 from mmt.core.jobdir import Attempt, JobDir, open_for_append
 from mmt.core.ports import PortInUseError, hold_port
@@ -28,6 +28,7 @@ from mmt.core.rank_env import MMT_RESTART_COUNT
 from mmt.monitor import hangs
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.plan import JobPlan
+from mmt.records.restarts import record_requeue
 from mmt.records.schema import ErrorRecord
 
 # SLURM variable -> the fact it gives
@@ -116,42 +117,6 @@ def framework_ports_held(
         yield all(_hold_or_report(int(str(rendezvous.framework_ports[i])), name(i), attempt, i, stack) for i in indices)
 
 
-def node_hosts(nodelist: str) -> List[str]:
-    """Every host of the allocation in node order: ``scontrol show hostnames`` expands SLURM's compressed lists
-    (node[1-2,5]); where scontrol cannot be run, :func:`expand_nodelist` does the same."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-        hosts = out.split()
-        if hosts:
-            return hosts
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return expand_nodelist(nodelist)
-
-
-def expand_nodelist(nodelist: str) -> List[str]:
-    """SLURM's compressed host list, expanded: ``gpu[01-02,7],login1`` -> gpu01 gpu02 gpu7 login1 (ranges keep
-    their zero padding; several bracket groups in one name multiply out, as scontrol's do)."""
-    names: List[str] = []
-    for item in re.findall(r"(?:[^,\[]+|\[[^\]]*\])+", nodelist):
-        expanded = [""]
-        for literal, group in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", item):
-            options = [literal]
-            if group:
-                options = []
-                for part in group.split(","):
-                    low, _, high = part.partition("-")
-                    if high and low.isdigit() and high.isdigit():
-                        options += [literal + str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
-                    else:
-                        options.append(literal + part)
-            expanded = [head + tail for head in expanded for tail in options]
-        names += [name for name in expanded if name]
-    return names
-
-
 def first_host(nodelist: str) -> str:
     """node0 of the job."""
     return node_hosts(nodelist)[0]
@@ -231,6 +196,8 @@ class SlurmTask:
         facts = {key: os.environ.get(name, "") for key, name in SLURM_ENV.items()}
         node = int(facts["node"])
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # submitit ignores SIGTERM; stop when SLURM says so
+        if node == 0:
+            self._note_requeues(facts)
         code = self._run_node(facts, node) if self.per_node_tasks else self._run_rank(facts)
         if code != 0:
             raise RuntimeError(
@@ -238,6 +205,13 @@ class SlurmTask:
                 f"{JobDir(Path(self.plan.job_dir)).logs}"
             )
         return code
+
+    def _note_requeues(self, facts: Mapping[str, str]) -> None:
+        """A requeued run records why the runs before it were requeued where they could not: a node failure ends
+        the batch script at once (SIGKILL), before its last step can say which node was lost."""
+        for run in range(int(facts.get("restarts") or 0)):
+            if not self.attempt.requeued_file(run).exists():
+                record_requeue(self.attempt, run, requeue_why(self.plan, self.attempt, facts["job_id"], run))
 
     def _run_node(self, facts: Dict[str, str], node: int) -> int:
         job_dir = JobDir(Path(self.plan.job_dir))
