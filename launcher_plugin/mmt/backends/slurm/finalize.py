@@ -40,16 +40,16 @@ def _requeued_by_slurm(job_id: str, restarts: int) -> bool:
     return now is not None and now > restarts
 
 
-def _hosts() -> List[str]:
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or ""
-    return node_hosts(nodelist) if nodelist else []
+def _nodelist() -> str:
+    """This run's nodes, SLURM's compressed list (node[1-2])."""
+    return os.environ.get("SLURM_JOB_NODELIST") or ""
 
 
 def lost_here(plan: JobPlan, attempt: Attempt, hosts: List[str]) -> List[LostNode]:
     """The nodes of this run that SLURM holds lost (asked only when the run did not complete)."""
     if all_succeeded(plan, attempt) or not hosts:
         return []
-    return lost_in_run(plan, attempt, lost_nodes(os.environ.get("SLURM_JOB_NODELIST") or ""), hosts)
+    return lost_in_run(plan, attempt, lost_nodes(_nodelist()), hosts)
 
 
 def requeued(attempt: Attempt, job_id: str) -> bool:
@@ -63,7 +63,7 @@ def requeued(attempt: Attempt, job_id: str) -> bool:
             plan: Optional[JobPlan] = read_plan(attempt)
         except Exception:  # noqa: BLE001 - a payload it cannot read is the next run's to refuse; the why stays
             plan = None
-        why = requeue_why(plan, attempt, job_id, restarts, os.environ.get("SLURM_JOB_NODELIST"))
+        why = requeue_why(plan, attempt, job_id, restarts, _nodelist() or None)
         record_requeue(attempt, restarts, why)
         print(f"mmt: {why} (restart {restarts + 1}); its next run concludes it", file=sys.stderr)
         return True
@@ -87,7 +87,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     limit_s = max(60.0, 60.0 * -(-plan.timeout_s // 60))  # sbatch --time is whole minutes
     terminated = float(args[2]) if len(args) > 2 and args[2] else None
     run_started = float(os.environ.get(RUN_STARTED_VAR) or started)  # the last run's, after restarts
-    hosts = _hosts()
+    hosts = node_hosts(_nodelist()) if _nodelist() else []
     view = read_scheduler(attempt)
     outcome = conclude(
         plan,

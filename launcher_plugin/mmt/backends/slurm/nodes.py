@@ -150,8 +150,7 @@ def requeue_why(
 ) -> str:
     """Why SLURM requeued run ``run`` of the job: the node it lost, named, where SLURM holds one of the run's nodes
     lost (``nodelist``: the run's nodes; from accounting when not given). Without the plan, by name alone."""
-    nodelist = nodelist or run_nodes(job_id, run)
-    lost, hosts = (lost_nodes(nodelist), node_hosts(nodelist)) if nodelist else ([], [])
+    lost, hosts = (lost_nodes(nodelist), node_hosts(nodelist)) if nodelist else lost_by_run(job_id, run)
     if lost and plan is not None:
         return f"{lost_node_detail(plan, attempt, job_id, lost, hosts)}; SLURM requeued it"
     if lost:
