@@ -18,19 +18,40 @@ def run(args: Sequence[str], **popen: object) -> None:
         raise SystemExit(f"benchmark variant failed (exit {done.returncode}): {' '.join(args)}\n{tail}")
 
 
-def alternate(variants: Dict[str, Callable[[Path], None]], rounds: int, scratch: Path) -> Dict[str, List[float]]:
+def alternate(
+    variants: Dict[str, Callable[[Path], None]],
+    rounds: int,
+    scratch: Path,
+    settle: Optional[Callable[[], None]] = None,
+) -> Dict[str, List[float]]:
     """Wall seconds of every run of every variant. Each round starts with the next variant, so that none always
-    runs first (cold caches) or right after the same neighbour."""
+    runs first (cold caches) or right after the same neighbour. ``settle``, untimed, before every run: what makes
+    each start from the same state (a SLURM cluster whose last job has left the queue)."""
     times: Dict[str, List[float]] = {name: [] for name in variants}
     for run in variants.values():  # warm-up: page cache, .pyc files, the cluster's first job
         run(scratch)
     items = list(variants.items())
     for round_ in range(rounds):
         for name, run in items[round_ % len(items) :] + items[: round_ % len(items)]:
+            if settle is not None:
+                settle()
             started = time.perf_counter()
             run(scratch)
             times[name].append(time.perf_counter() - started)
     return times
+
+
+def slurm_idle(timeout_s: float = 60.0) -> None:
+    """Wait (untimed) until SLURM's queue is empty and every node idle: the last job's allocation has drained (SLURM
+    holds its nodes for a second or so after its launcher has returned), so that a run never waits for its
+    predecessor's nodes and for the scheduler's next pass (up to a second more, at random)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        queued = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.strip()
+        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True).stdout.split()
+        if not queued and all(state == "idle" for state in states):
+            return
+        time.sleep(0.05)
 
 
 def main(

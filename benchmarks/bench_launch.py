@@ -4,20 +4,25 @@
     (b) shell:   4 bare processes started by a shell with the same rank env  (no launcher at all)
     (c) torchrun: two torchrun agents x 2 processes, static rendezvous      (the usual glue)
     (d) submitit: hydra-submitit-launcher submitit_local, tasks_per_node=4  (the Hydra plugin people use)
+    (e) import:   python -c "import torch.distributed"                       (the floor: one import, no job)
+    (f) earlier:  (a) with another version of mmt (--against REV, installed beside: benchmarks/_install.py)
 
 Every variant runs the same probe (process group, all_reduce, all_gather_object, barrier) and must succeed.
 The variants alternate within each round, and the medians of ``--rounds`` rounds are compared as ratios.
 
     python benchmarks/bench_launch.py --rounds 5
+    python benchmarks/bench_launch.py --rounds 5 --against 3f93098
 """
 
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Dict
 
+import _install
 import _timing as timing
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +43,15 @@ def _env(**extra: str) -> Dict[str, str]:
 
 def run_mmt(scratch: Path) -> None:
     timing.run(
-        [PY, "train.py", "-m", "recipe=probe", "num_nodes=2", "devices=2", f"hydra.sweep.dir={scratch}/mmt"],
+        [
+            PY,
+            "train.py",
+            "-m",
+            "recipe=probe",
+            "num_nodes=2",
+            "devices=2",
+            f"hydra.sweep.dir={scratch}/mmt-{time.monotonic_ns()}",
+        ],
         cwd=REPO,
         env=_env(),
     )
@@ -99,21 +112,59 @@ def run_submitit(scratch: Path) -> None:
     )
 
 
+def run_import(scratch: Path) -> None:
+    timing.run([PY, "-c", "import torch.distributed"], cwd=REPO, env=_env(OMP_NUM_THREADS="1"))
+
+
+def run_version(version: _install.Version) -> Callable[[Path], None]:
+    def one(scratch: Path) -> None:
+        env = {k: v for k, v in _env().items() if k != "PYTHONPATH"}
+        sweep = f"hydra.sweep.dir={scratch}/earlier-{time.monotonic_ns()}"
+        timing.run(
+            [version.python, "train.py", "-m", "recipe=probe", "num_nodes=2", "devices=2", sweep],
+            cwd=version.tree,
+            env=env,
+        )
+
+    return one
+
+
 VARIANTS: Dict[str, Callable[[Path], None]] = {
     "a_mmt": run_mmt,
     "b_shell": run_shell,
     "c_torchrun": run_torchrun,
     "d_submitit_local": run_submitit,
+    "e_import": run_import,
+}
+RATIOS = {
+    "a/b": ("a_mmt", "b_shell"),
+    "a/c": ("a_mmt", "c_torchrun"),
+    "a/d": ("a_mmt", "d_submitit_local"),
+    "a/e": ("a_mmt", "e_import"),
 }
 
 
 def main() -> None:
-    timing.main(
-        __doc__.split("\n\n")[0],
-        VARIANTS,
-        {"a/b": ("a_mmt", "b_shell"), "a/c": ("a_mmt", "c_torchrun"), "a/d": ("a_mmt", "d_submitit_local")},
-        "mmt-bench-",
-    )
+    import argparse
+    import shutil
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--against", help="also run this git revision of mmt (installed beside this one)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    variants, ratios = dict(VARIANTS), dict(RATIOS)
+    if args.against:
+        earlier = _install.of_revision(args.against)
+        variants["f_earlier"] = run_version(earlier)
+        ratios[f"a/{earlier.label}"] = ("a_mmt", "f_earlier")
+    scratch = Path(tempfile.mkdtemp(prefix="mmt-bench-"))
+    try:
+        times = timing.alternate(variants, args.rounds, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    timing.report(times, ratios, args.json, rounds=args.rounds)
 
 
 if __name__ == "__main__":

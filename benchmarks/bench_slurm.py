@@ -1,18 +1,22 @@
-"""Submit-to-result time of a probe job on the local SLURM cluster: mmt against hydra-submitit-launcher.
+"""Submit-to-result time of a probe job on the local SLURM cluster: mmt against hydra-submitit-launcher, the floor,
+and (``--against``) an earlier version of mmt.
 
-    (a) mmt:      python train.py -m cluster=slurm recipe=probe num_nodes=2 devices=M
+    (a) mmt:      python train.py -m cluster=slurm recipe=probe num_nodes=N devices=M
                   (one task per node: its agent imports torch once and forks the node's M ranks)
-    (b) submitit: hydra-submitit-launcher's submitit_slurm, nodes=2 tasks_per_node=M, the same probe
+    (b) submitit: hydra-submitit-launcher's submitit_slurm, nodes=N tasks_per_node=M, the same probe
                   (one task per rank, each importing torch on its own), its other settings at their defaults
+    (c) earlier:  (a) with another version of mmt (a git revision, installed beside: benchmarks/_install.py)
+    (d) floor:    srun -N N python -c "import torch" (what any launcher pays on every node: no job at all)
 
-Both are timed from the command's start to its exit (compose, sbatch, scheduling, the ranks, result back), the
-variants alternate within each round, and the medians of ``--rounds`` rounds are compared as a ratio; mmt runs
-with its own defaults too. ``--per-node 1,2,4`` repeats it for each number of ranks per node, to show how the cost
-grows with them.
+Each is timed from the command's start to its exit (compose, sbatch, scheduling, the ranks, result back), the
+variants alternate within each round, and the medians of ``--rounds`` rounds are compared as ratios; mmt runs with
+its own defaults too. ``--per-node 1,2,4`` repeats it for each number of ranks per node.
 
     scripts/slurm_cluster.sh start && eval "$(scripts/slurm_cluster.sh env)"
-    python benchmarks/bench_slurm.py --rounds 5                    # 2 nodes x 2
+    python benchmarks/bench_slurm.py --rounds 5                                   # 2 nodes x 2
+    python benchmarks/bench_slurm.py --rounds 5 --against 3f93098 --floor
     python benchmarks/bench_slurm.py --rounds 3 --per-node 1,2,4
+    MMT_SLURM_NODES=16 ... python benchmarks/bench_slurm.py --nodes 16 --per-node 1 --floor   # a 16-node cluster
 """
 
 import argparse
@@ -22,9 +26,10 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional, Tuple
 
-from _timing import alternate, report, run
+import _install
+from _timing import alternate, report, run, slurm_idle
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -34,22 +39,33 @@ def _env() -> Dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
 
 
-def variants(per_node: int) -> Dict[str, Callable[[Path], None]]:
-    def mmt(scratch: Path) -> None:
+def _mmt(version: _install.Version, nodes: int, per_node: int, name: str) -> Callable[[Path], None]:
+    def one(scratch: Path) -> None:
+        env = {k: v for k, v in _env().items() if k != "PYTHONPATH"}
         run(
             [
-                PY,
+                version.python,
                 "train.py",
                 "-m",
                 "cluster=slurm",
                 "recipe=probe",
-                "num_nodes=2",
+                f"num_nodes={nodes}",
                 f"devices={per_node}",
-                f"hydra.sweep.dir={scratch}/mmt",
+                f"hydra.sweep.dir={tempfile.mkdtemp(prefix=name, dir=scratch)}",
             ],
-            cwd=REPO,
-            env=_env(),
+            cwd=version.tree,
+            env=env,
         )
+
+    return one
+
+
+def variants(
+    nodes: int, per_node: int, earlier: Optional[_install.Version], floor: bool
+) -> Tuple[Dict[str, Callable[[Path], None]], Dict[str, Tuple[str, str]]]:
+    shape = f"{nodes}x{per_node}"
+    mmt_name = f"a_mmt_slurm_{shape}"
+    found: Dict[str, Callable[[Path], None]] = {mmt_name: _mmt(_install.current(), nodes, per_node, "mmt")}
 
     def submitit(scratch: Path) -> None:
         run(
@@ -58,34 +74,52 @@ def variants(per_node: int) -> Dict[str, Callable[[Path], None]]:
                 "benchmarks/submitit_probe_app.py",
                 "-m",
                 "hydra/launcher=submitit_slurm",
-                "hydra.launcher.nodes=2",
+                f"hydra.launcher.nodes={nodes}",
                 f"hydra.launcher.tasks_per_node={per_node}",
-                f"hydra.sweep.dir={scratch}/submitit",
+                f"hydra.sweep.dir={tempfile.mkdtemp(prefix='submitit', dir=scratch)}",
             ],
             cwd=REPO,
             env=_env(),
         )
 
-    return {f"a_mmt_slurm_2x{per_node}": mmt, f"b_submitit_slurm_2x{per_node}": submitit}
+    found[f"b_submitit_slurm_{shape}"] = submitit
+    ratios = {f"mmt/submitit_slurm {shape}": (mmt_name, f"b_submitit_slurm_{shape}")}
+    if earlier is not None:
+        found[f"c_earlier_{shape}"] = _mmt(earlier, nodes, per_node, "earlier")
+        ratios[f"mmt/{earlier.label} {shape}"] = (mmt_name, f"c_earlier_{shape}")
+    if floor:
+
+        def bare(scratch: Path) -> None:
+            run(["srun", f"-N{nodes}", "--ntasks-per-node=1", PY, "-c", "import torch"], env=_env())
+
+        found[f"d_floor_{nodes}"] = bare
+        ratios[f"mmt/floor {shape}"] = (mmt_name, f"d_floor_{nodes}")
+    return found, ratios
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--per-node", default="2", help="ranks per node, comma-separated (e.g. 1,2,4)")
+    parser.add_argument("--against", help="also run this git revision of mmt (installed beside this one)")
+    parser.add_argument(
+        "--floor", action="store_true", help='also run the floor: srun -N<nodes> python -c "import torch"'
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if shutil.which("sbatch") is None or "SLURM_CONF" not in os.environ and not Path("/etc/slurm/slurm.conf").exists():
         sys.exit('no SLURM cluster: scripts/slurm_cluster.sh start && eval "$(scripts/slurm_cluster.sh env)"')
+    earlier = _install.of_revision(args.against) if args.against else None
     figures = {}
     for per_node in [int(n) for n in args.per_node.split(",")]:
         scratch = Path(tempfile.mkdtemp(prefix="mmt-bench-slurm-"))
         try:
-            times = alternate(variants(per_node), args.rounds, scratch)
+            found, ratios = variants(args.nodes, per_node, earlier, args.floor)
+            times = alternate(found, args.rounds, scratch, settle=slurm_idle)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        a, b = list(times)
-        figures[f"2x{per_node}"] = report(times, {f"mmt/submitit_slurm 2x{per_node}": (a, b)}, None, rounds=args.rounds)
+        figures[f"{args.nodes}x{per_node}"] = report(times, ratios, None, rounds=args.rounds)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
 

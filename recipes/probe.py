@@ -14,7 +14,7 @@ import time
 from datetime import timedelta
 from typing import Any, Dict, Optional
 
-from mmt import RankInfo
+from mmt import RankInfo, mark_phase
 
 FAIL_MODES = ("raise", "exit", "hang")
 
@@ -89,6 +89,7 @@ def probe(
         device = torch.device("cuda", rank.local_rank) if backend == "nccl" else torch.device("cpu")
         total = torch.tensor([float(rank.rank + 1)], device=device)
         dist.all_reduce(total)
+        mark_phase("first_collective", rank=rank.rank)
         expected = rank.world_size * (rank.world_size + 1) / 2
         if total.item() != expected:
             raise RuntimeError(f"all_reduce gave {total.item()}, expected {expected}: the world is not one group")

@@ -1,6 +1,7 @@
 """mmt: multi-machine training for Hydra apps.
 
-What training code imports: the rank-env contract (:class:`RankInfo`). The job SDK (``Job``, ``MMT``, ``Machine``,
+What training code imports: the rank-env contract (:class:`RankInfo`), and :func:`mark_phase` to add a phase of
+its own to the job's timeline (``<job dir>/.mmt/timeline.jsonl``). The job SDK (``Job``, ``MMT``, ``Machine``,
 ``Status``, shaped like Lightning's) loads on first use, so that ``import mmt`` in every rank stays light. The Hydra
 launcher itself is the plugin ``hydra_plugins.mmt_launcher``.
 """
@@ -8,8 +9,9 @@ launcher itself is the plugin ``hydra_plugins.mmt_launcher``.
 from typing import Any
 
 from mmt.core.rank_env import RankInfo
+from mmt.core.timeline import mark as mark_phase
 
-__all__ = ["RankInfo", "Job", "MMT", "Machine", "Status"]
+__all__ = ["RankInfo", "mark_phase", "Job", "MMT", "Machine", "Status"]
 __version__ = "0.2.0"
 
 _SDK = ("Job", "MMT", "Machine", "Status")

@@ -32,7 +32,7 @@ from mmt.records.outcome import error_for
 if TYPE_CHECKING:  # the launcher imports this module lazily; its type is for the checker only
     from hydra_plugins.mmt_launcher.mmt_launcher import MMTLauncher
 
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+BASIC_SWEEPER = prepare.BASIC_SWEEPER
 
 
 def _secret_names(config: DictConfig, job_overrides: Sequence[Sequence[str]]) -> List[str]:

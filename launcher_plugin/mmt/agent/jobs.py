@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from mmt.core import proctree
+from mmt.core import proctree, timeline
 from mmt.core.jobdir import Attempt
 from mmt.core.rank_env import MMT_JOB_ID, NODE_RANK
 from mmt.records.schema import ExitRecord
@@ -51,6 +51,7 @@ class JobProcesses:
     # --------------------------------------------------------------------------------------------- events
 
     def started(self, index: int, pid: int) -> None:
+        timeline.mark_at(self.attempt.timeline, timeline.RANK_FORK, process=index)
         process = Process(index=index, pid=pid)
         self.by_pid[pid] = process
         if self.stopping_since is not None:  # stopped before this one even started
@@ -63,6 +64,7 @@ class JobProcesses:
         if process is None:
             return None
         process.code = code
+        timeline.mark_at(self.attempt.timeline, timeline.RANK_EXIT, process=process.index, code=code)
         try:
             ExitRecord(code=code, stopped=process.stopped).write(self.attempt.exit_file(process.index))
         except OSError:  # a full disk must not stop supervision; the exit is still reported live

@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 from mmt.agent.jobs import JobProcesses
 from mmt.agent.metrics import JobMetrics
 from mmt.agent.processes import ProcessSpec, Spawner
-from mmt.core import preemption, proctree
+from mmt.core import preemption, proctree, timeline
 from mmt.core.jobdir import Attempt
 from mmt.monitor import hangs
 from mmt.planning.plan import JobPlan
@@ -79,6 +79,7 @@ def run(node: NodeRun) -> int:
     signal.signal(signal.SIGINT, on_terminate)
     signal.signal(preemption.REQUEUE_SIGNAL, on_requeue)
     spawner.preload(node.preload)
+    timeline.mark_at(attempt.timeline, timeline.AGENT_READY, node=node.node_rank)
     for spec in node.processes:
         if terminated:  # stopped before its ranks started: start none
             break
@@ -103,6 +104,7 @@ def run(node: NodeRun) -> int:
             time.sleep(_TICK_S)
     code = 0 if job.succeeded else 1
     attempt.write_agent(node.node_rank, {**record, **terminated, "ended": time.time(), "code": code})
+    timeline.mark_at(attempt.timeline, timeline.AGENT_END, node=node.node_rank)
     return code
 
 

@@ -22,7 +22,7 @@ from mmt.agent import protocol
 from mmt.agent.jobs import JobProcesses
 from mmt.agent.metrics import JobMetrics
 from mmt.agent.processes import ProcessSpec, Spawner
-from mmt.core import proctree
+from mmt.core import proctree, timeline
 from mmt.core.jobdir import Attempt
 
 _TICK_S = 0.05
@@ -48,6 +48,7 @@ class HostAgent:
         self.jobs: Dict[str, JobProcesses] = {}
         self.metrics: Dict[str, JobMetrics] = {}
         self.pid_to_job: Dict[int, str] = {}
+        self.jobs_started = 0
 
     def serve(self) -> None:
         wake_r, wake_w = os.pipe()
@@ -90,7 +91,13 @@ class HostAgent:
         job = JobProcesses(request.job_id, Attempt(Path(request.attempt_dir)), request.kill_grace_s)
         self.jobs[request.job_id] = job
         self.metrics[request.job_id] = JobMetrics(request.job_dir, request.processes, request.metrics_interval_s)
+        path = job.attempt.timeline
+        if not self.jobs_started:  # the agent's own start, once: it was warmed up before the first job
+            timeline.mark_at(path, timeline.TASK_START, timeline.process_start_time(), node="host")
+        self.jobs_started += 1
+        timeline.mark_at(path, timeline.AGENT_START, node="host")
         self.spawner.preload(request.preload)
+        timeline.mark_at(path, timeline.AGENT_READY, node="host")
         for spec in request.processes:
             pid = self.spawner.start(spec)
             self.pid_to_job[pid] = request.job_id
@@ -143,7 +150,7 @@ class HostAgent:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    fd, parent, method = (argv or sys.argv[1:])[:3]
+    fd, parent, method, *preload = argv or sys.argv[1:]
     # Ctrl-C goes to the launcher, which stops the jobs; SIGTERM when the launcher dies means "clean up"
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -152,7 +159,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     proctree.become_subreaper()
     agent = HostAgent(socket.socket(fileno=int(fd)), method)
-    agent.spawner.preload(())  # what every worker imports, before the first job arrives
+    # what every worker imports, and what the launch expects its jobs to preload, before the first job arrives
+    agent.spawner.preload(preload)
     agent.serve()
 
 

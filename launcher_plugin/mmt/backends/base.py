@@ -14,7 +14,7 @@ Every backend is reached by its ``cluster=`` name through :mod:`mmt.backends.reg
 import abc
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, List, Mapping, Optional, TypeVar
+from typing import Any, ClassVar, Generic, List, Mapping, Optional, Sequence, TypeVar
 
 from omegaconf import DictConfig
 
@@ -159,8 +159,12 @@ class Backend(JobTracker[H]):
     def submit(self, submission: Submission) -> H:
         """Accept a job; it may start now or wait for capacity."""
 
-    def warm_up(self) -> None:
-        """Get ready to start jobs (the local host agent), while the front end is still composing them."""
+    # whether warm_up starts anything (the local host agent): the front end then works out what it may preload
+    warms_up: ClassVar[bool] = False
+
+    def warm_up(self, preload: Sequence[str] = ()) -> None:
+        """Get ready to start jobs (the local host agent), while the front end is still composing them; ``preload``:
+        what the jobs will most likely import first (the launch's recipe's preload), to import it meanwhile."""
 
     def owner_active(self, owner: OwnerRecord) -> bool:
         """Whether the launch recorded in a job dir's owner.json still runs, its launcher gone (a SLURM job)."""

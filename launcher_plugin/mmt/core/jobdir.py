@@ -4,6 +4,7 @@ spells these names. The JSON records among them are typed, with a schema version
 A job dir (Hydra's ``<sweep dir>/<job num>``) holds what users read and what the engine keeps to itself::
 
     result.json                  how the job ended (written by whoever concludes it: see mmt.records.outcome)
+    timeline.jsonl               when each phase of the last attempt's launch happened (mmt.core.timeline)
     logs/node<n>.rank<r>.log     every rank's stdout and stderr (a per-node command: logs/node<n>.log), this
                                  attempt's only (a SLURM requeue of the attempt appends)
     logs/previous/<attempt id>/  an earlier attempt's logs, set aside when a new attempt started (a rerun into the
@@ -16,6 +17,7 @@ A job dir (Hydra's ``<sweep dir>/<job num>``) holds what users read and what the
       attempts/<attempt id>/     one launch of the job; nothing is read across attempts
         plan.pkl                 the job's plan (plain pickle: mmt's own dataclasses)
         job.json job.pkl         the payload: sys.path, then the pickled Hydra context, task and config (0600)
+        task.pkl                 SLURM: what each task of the allocation runs (its settings, copied secrets: 0600)
         error.<i>.json           process i raised (worker): exception, traceback, time
         exit.<i>.json            process i exited (agent): code, time, whether the agent stopped it
         done.<i>                 process i finished its task (worker): "0" or "1"; SLURM ends a job once all say 0
@@ -54,6 +56,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+from mmt.core import timeline
 
 RESULT = "result.json"
 LOGS = "logs"
@@ -228,6 +232,11 @@ class JobDir:
     def attempts(self) -> Path:
         return self.private / "attempts"
 
+    @property
+    def timeline(self) -> Path:
+        """When each phase of the last attempt's launch happened (beside result.json: it outlives the attempt)."""
+        return self.root / timeline.NAME
+
     def attempt(self, attempt_id: str) -> "Attempt":
         return Attempt(self.attempts / attempt_id)
 
@@ -288,6 +297,10 @@ class Attempt:
     def job_dir(self) -> JobDir:
         return JobDir(self.dir.parents[2])
 
+    @property
+    def timeline(self) -> Path:
+        return self.job_dir.timeline
+
     def create(self) -> "Attempt":
         for path in (self.dir.parents[1], self.dir.parent, self.dir):
             make_private_dir(path)
@@ -305,6 +318,11 @@ class Attempt:
     @property
     def payload(self) -> Path:
         return self.dir / "job.pkl"
+
+    @property
+    def cluster_task(self) -> Path:
+        """What each task of a cluster job runs (``mmt.backends.slurm.task``), with the secrets it copies."""
+        return self.dir / "task.pkl"
 
     # what processes report (error and exit records are typed, read and written by mmt.records.schema) ----------
     def error_file(self, index: int) -> Path:

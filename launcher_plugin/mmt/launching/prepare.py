@@ -13,10 +13,13 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.singleton import Singleton
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from mmt.backends.base import Backend
 from mmt.backends.registry import UnknownBackendError, backend_class
@@ -35,6 +38,8 @@ from mmt.records.payload import JobPayload
 from mmt.records.registry import Registry
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,80}$")
+# Hydra's own grid sweeper: every job of the launch is known up front, from the command line's overrides
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 def make_backend(launcher_cfg: DictConfig) -> Backend[Any]:
@@ -57,10 +62,44 @@ def keep_composed_jobs(hydra_context: Any) -> None:
     ComposeOnce.install(hydra_context.config_loader)
 
 
+# what decides a job's preload: when a sweep varies one of these config groups or values, the jobs may preload
+# something else (a value inside the recipe, recipe.lr, does not)
+_PRELOAD_GROUPS = ("recipe", "cluster", "hydra/launcher")
+_PRELOAD_VALUES = ("command", "hydra.launcher.preload", "hydra.launcher.command")
+
+
 def warm_up(backend: Backend[Any], config: DictConfig) -> None:
-    """Start what every launch needs (the host agent) before it is needed."""
-    if not OmegaConf.select(config, "hydra.launcher.dry_run"):
-        backend.warm_up()
+    """Start what every launch needs (the host agent) before it is needed, importing the launch's preload meanwhile
+    (the master config's, unless the sweep varies what decides it: then the first job's start imports it)."""
+    if backend.warms_up and not OmegaConf.select(config, "hydra.launcher.dry_run"):
+        backend.warm_up(expected_preload(config))
+
+
+def expected_preload(config: DictConfig) -> Tuple[str, ...]:
+    """What the launch's jobs will preload, as far as the master config says: its recipe's ``preload``, unless a
+    command replaces the recipe, or the sweep (its overrides, or a sweeper's own params) may change either."""
+    launcher = config.hydra.launcher
+    try:
+        preload = OmegaConf.select(launcher, "preload", default=None)
+        if preload is None or OmegaConf.select(launcher, "command", default=None) is not None:
+            return ()
+        if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
+            params = OmegaConf.select(config, "hydra.sweeper.params", default=None)
+            if params is None or any(_decides_preload(str(key)) for key in params):
+                return ()
+        task = OmegaConf.select(config, "hydra.overrides.task", default=None)
+        typed = [str(o) for o in task] if OmegaConf.is_list(task) else []
+        swept = OverridesParser.create().parse_overrides(typed)
+        if any(o.is_sweep_override() and _decides_preload(o.key_or_group) for o in swept):
+            return ()
+        return tuple(str(name) for name in OmegaConf.to_container(preload) or ())
+    except (OmegaConfBaseException, HydraException):  # an interpolation that does not resolve yet: the job says
+        return ()
+
+
+def _decides_preload(key: str) -> bool:
+    key = key.lstrip("+~").split("@")[0]
+    return key in _PRELOAD_GROUPS or any(key == name or key.startswith(f"{name}.") for name in _PRELOAD_VALUES)
 
 
 def start_plotter(sweep_dir: Path, job_dirs: Sequence[str]) -> None:

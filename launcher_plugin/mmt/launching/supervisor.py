@@ -96,6 +96,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         answer.write(json.dumps({"attempts": [str(s.attempt.dir) for s in submitted]}))
         answer.close()
 
+    # the agent is forked before the console's thread starts (mmt.agent.client)
+    backend.warm_up(spec["jobs"][0].plan.preload if spec["jobs"] else ())
     console = Console()
     # its console is a log in the sweep dir: it follows no rank (every rank's output is in its own log already, and
     # copying rank 0's in would store it twice); launch lines, failures and the summary still go there

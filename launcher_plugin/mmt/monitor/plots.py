@@ -481,12 +481,19 @@ def sweep_figure(sweep_dir: Path) -> Optional["Figure"]:
     return drawn[0] if drawn else None
 
 
-def _draw(sweep_dir: Path) -> Optional[Tuple["Figure", List[_Job], str]]:
-    """The sweep's figure (see ``sweep_figure``), the jobs drawn in it and the metric's name."""
-    jobs, metric = _load(sweep_dir)
+def _worth_drawing(jobs: Sequence[_Job]) -> bool:
+    return bool(jobs) and worth_drawing(len(jobs), any(set(job.curves) & set(CURVES) for job in jobs))
+
+
+def _draw(
+    sweep_dir: Path, loaded: Optional[Tuple[List[_Job], str]] = None
+) -> Optional[Tuple["Figure", List[_Job], str]]:
+    """The sweep's figure (see ``sweep_figure``), the jobs drawn in it and the metric's name (``loaded``: the
+    sweep's jobs and metric, when the caller has read them already)."""
+    jobs, metric = loaded or _load(sweep_dir)
     with_curves = any(set(job.curves) & set(CURVES) for job in jobs)
     with_rates = any(RATE in job.curves for job in jobs)
-    if not jobs or not worth_drawing(len(jobs), with_curves):
+    if not _worth_drawing(jobs):
         return None
     swept = _swept(jobs)
     _label_jobs(jobs, swept)
@@ -543,13 +550,16 @@ def write_sweep_plot(sweep_dir: Path) -> Optional[Path]:
     """Draw the sweep's figure into ``<sweep dir>/summary.png`` (replaced atomically: a reader sees the old
     plot or the new one) and return its path; None when there is nothing to plot. Unreadable inputs are
     skipped; only a failure to write the file raises (OSError): the caller reports it as for summary.csv."""
+    sweep_dir = Path(sweep_dir)
+    loaded = _load(sweep_dir)
+    if not _worth_drawing(loaded[0]):  # decided before matplotlib is imported (a third of a second of CPU)
+        return None
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    sweep_dir = Path(sweep_dir)
     # labels are literal text: a swept value such as '$x^^y$' is not mathtext
     with matplotlib.rc_context({"text.parse_math": False}):
-        drawn = _draw(sweep_dir)
+        drawn = _draw(sweep_dir, loaded)
         if drawn is None:
             return None
         fig, jobs, metric = drawn

@@ -104,5 +104,5 @@ def read_payload(attempt: Attempt) -> JobPayload:
 
 def discard_payload(attempt: Attempt) -> None:
     """The pickled code and config (and secrets) of a concluded attempt: only clutter, and private."""
-    for path in (attempt.payload, attempt.payload_meta):
+    for path in (attempt.payload, attempt.payload_meta, attempt.cluster_task):
         path.unlink(missing_ok=True)

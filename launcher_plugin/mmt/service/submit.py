@@ -263,6 +263,7 @@ def run(spec: RunSpec, console: Optional[Console] = None) -> Union[engine.Launch
         )
         if spec.detach:
             return prepare.detached_submit([job.prepared], backend, options)
+        backend.warm_up(plan.preload)  # the local agent is forked before any thread of this process starts
         console = console or Console()
         page = prepare.start_dashboard(master.hydra.launcher, options.sweep_dir, console)
         try:

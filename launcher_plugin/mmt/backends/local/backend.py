@@ -13,7 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any, Deque, Dict, List, Optional, Sequence
 
 from omegaconf import DictConfig
 
@@ -93,6 +93,7 @@ class LocalJob(JobHandle):
 
 class LocalBackend(Backend[LocalJob]):
     name = "local"
+    warms_up = True
 
     def __init__(self, settings: LocalSettings) -> None:
         self.settings = settings
@@ -186,9 +187,9 @@ class LocalBackend(Backend[LocalJob]):
         if self.agent is not None and handle.plan.job_id in self.jobs:
             self.agent.kill(handle.plan.job_id)
 
-    def warm_up(self) -> None:
+    def warm_up(self, preload: Sequence[str] = ()) -> None:
         if self.agent is None:  # its interpreter starts while the launcher composes the jobs (two cores, not one)
-            self.agent = AgentClient(self.settings.start_method)
+            self.agent = AgentClient(self.settings.start_method, preload)
 
     def wait(self, timeout_s: float) -> None:
         self._schedule()

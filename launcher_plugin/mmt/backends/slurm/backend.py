@@ -8,6 +8,7 @@ page read); a job that can never start (``pending``) is cancelled at once and FA
 its partition offers; and a scheduler that stops answering is said so, with since when.
 """
 
+import functools
 import os
 import shutil
 import time
@@ -29,10 +30,18 @@ from mmt.backends.slurm.sbatch import (
     render_script,
     sbatch_parameters,
     signal_delay_problem,
+    task_command,
     tasks_per_node,
     with_restart_loop,
 )
-from mmt.backends.slurm.task import FRAMEWORK_PORT_BASE, FRAMEWORK_PORT_SLOTS, FRAMEWORK_PORT_WINDOW, SlurmTask
+from mmt.backends.slurm.task import (
+    FRAMEWORK_PORT_BASE,
+    FRAMEWORK_PORT_SLOTS,
+    FRAMEWORK_PORT_WINDOW,
+    SlurmTask,
+    run_task_file,
+    write_task_file,
+)
 from mmt.core.errors import ConfigError, MMTError
 from mmt.core.jobdir import Attempt, JobDir, make_private_dir
 from mmt.core.states import JobState
@@ -104,10 +113,20 @@ def _executor_class() -> Any:
         class SessionSlurmExecutor(submitit.SlurmExecutor):
             # the job's plan and attempt, for mmt's own lines around submitit's srun (the restart loop)
             mmt_job: Optional[Tuple[JobPlan, Attempt]] = None
+            mmt_settings: SlurmSettings
+            mmt_project_dir: str
 
             def _make_submission_command(self, submission_file_path: Path) -> List[str]:
                 command = super()._make_submission_command(submission_file_path)
                 return [setsid, *command] if setsid else command
+
+            @property
+            def _submitit_command_str(self) -> str:
+                # the tasks run mmt's task runner on the attempt's task file, not submitit's (see mmt...task)
+                if self.mmt_job is None:
+                    return str(super()._submitit_command_str)
+                plan, attempt = self.mmt_job
+                return task_command(plan, self.mmt_settings, self.mmt_project_dir, attempt)
 
             def _make_submission_file_text(self, command: str, uid: str) -> str:
                 text = super()._make_submission_file_text(command, uid)
@@ -247,6 +266,7 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
             **sbatch_parameters(plan, self.settings, self.project_dir, job_name(plan), submission.attempt)
         )
         executor.mmt_job = (plan, submission.attempt)
+        executor.mmt_settings, executor.mmt_project_dir = self.settings, self.project_dir
         task = SlurmTask(
             plan=plan,
             attempt_dir=str(submission.attempt.dir),
@@ -259,7 +279,7 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         asked_at = time.time()
         with _private_files():
             try:
-                submitted = executor.submit(task)
+                submitted = executor.submit(functools.partial(run_task_file, str(write_task_file(task))))
             except Exception as exc:
                 if _unanswered(exc):
                     raise _created_anyway(plan, asked_at) from None

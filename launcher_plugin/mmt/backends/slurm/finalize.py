@@ -54,15 +54,19 @@ def lost_here(plan: JobPlan, attempt: Attempt, hosts: List[str]) -> List[LostNod
 
 def requeued(attempt: Attempt, job_id: str) -> bool:
     """Whether this run of the job was requeued, by mmt (the requeue signal) or by SLURM itself (scontrol requeue,
-    preemption, a node failure); the next run needs the payload (job.json, job.pkl) and concludes the job."""
+    preemption, a node failure); the next run needs the payload (job.json, job.pkl) and concludes the job. A run
+    whose every process reported success was not: slurmctld is asked only about a run that did not complete (the
+    common path's last step waits on no daemon)."""
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     if attempt.requeued_file(restarts).exists():
         return True
+    try:
+        plan: Optional[JobPlan] = read_plan(attempt)
+    except Exception:  # noqa: BLE001 - a payload it cannot read is the next run's to refuse; the why stays
+        plan = None
+    if plan is not None and all_succeeded(plan, attempt):
+        return False
     if _requeued_by_slurm(job_id, restarts):
-        try:
-            plan: Optional[JobPlan] = read_plan(attempt)
-        except Exception:  # noqa: BLE001 - a payload it cannot read is the next run's to refuse; the why stays
-            plan = None
         why = requeue_why(plan, attempt, job_id, restarts, _nodelist() or None)
         record_requeue(attempt, restarts, why)
         print(f"mmt: {why} (restart {restarts + 1}); its next run concludes it", file=sys.stderr)

@@ -299,7 +299,7 @@ def sbatch_parameters(
     # unexplained: the shell ignores them (a trap with a body: the tasks keep the default disposition), the tasks get
     # them from SLURM itself (--signal, --full) and the ranks take USR2 (mmt.core.preemption)
     setup += [
-        f"export {STARTED_VAR}=$(date +%s)",
+        f"export {STARTED_VAR}=$(date +%s.%N)",
         f"trap '{TERMINATED_VAR}=$(date +%s.%N)' TERM",
         f"trap '{SIGNALLED_VAR}=$(date +%s.%N)' USR1 USR2",
         finalize_line(attempt),
@@ -322,14 +322,23 @@ def signal_delay_problem(plan: JobPlan, settings: SlurmSettings) -> Optional[Con
     )
 
 
+def task_command(plan: JobPlan, settings: SlurmSettings, project_dir: str, attempt: Attempt) -> str:
+    """What srun runs in every task: mmt's own task runner on the attempt's task file (``mmt.backends.slurm.task``)."""
+    return " ".join(
+        [
+            python_command(plan, settings, project_dir),
+            "-u -m mmt.backends.slurm.task",
+            shlex.quote(str(attempt.cluster_task)),
+        ]
+    )
+
+
 def render_script(plan: JobPlan, settings: SlurmSettings, project_dir: str, job_name: str, attempt: Attempt) -> str:
     """The exact sbatch script submitit will write for this job."""
     from submitit.slurm.slurm import _make_sbatch_string  # lazy: submitit is only needed for cluster=slurm
 
     folder = settings.folder
-    command = " ".join(
-        [python_command(plan, settings, project_dir), "-u -m submitit.core._submit", shlex.quote(folder)]
-    )
+    command = task_command(plan, settings, project_dir, attempt)
     script = _make_sbatch_string(
         command=command, folder=folder, **sbatch_parameters(plan, settings, project_dir, job_name, attempt)
     )

@@ -1,4 +1,9 @@
-"""What runs in every task of an mmt SLURM job (pickled by submitit, called by ``submitit.core._submit``).
+"""What runs in every task of an mmt SLURM job: ``python -u -m mmt.backends.slurm.task <attempt dir>/task.pkl``.
+
+The launcher writes the job's :class:`SlurmTask` into its attempt dir (private: it holds the secrets the job copies)
+and submits through submitit, whose sbatch script's srun line runs this module, not submitit's own runner: a task
+then imports mmt, Hydra and the job's preload, never submitit (a tenth of a second of CPU on every node before its
+ranks can start). The callable submitit keeps (:func:`run_task_file`) runs the same file, should anything call it.
 
 It maps SLURM's task variables onto the rank contract (one small table, as submitit's JobEnvironment does), and
 then, by default (``tasks=per_node``), runs the node agent, which forks this node's ranks from one interpreter
@@ -9,6 +14,7 @@ Either way every rank takes the requeue signal through ``mmt.core.preemption``.
 
 import contextlib
 import os
+import pickle
 import re
 import signal
 import socket
@@ -21,13 +27,15 @@ from mmt.agent.node import NodeRun
 from mmt.agent.node import run as run_node
 from mmt.agent.processes import ProcessSpec
 from mmt.backends.slurm.nodes import node_hosts, requeue_why
-from mmt.core import preemption
-from mmt.core.jobdir import Attempt, JobDir, open_for_append
+from mmt.backends.slurm.sbatch import STARTED_VAR
+from mmt.core import preemption, timeline
+from mmt.core.jobdir import Attempt, JobDir, open_for_append, write_atomic
 from mmt.core.ports import PortInUseError, hold_port
 from mmt.core.rank_env import MMT_RESTART_COUNT
 from mmt.monitor import hangs
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.plan import JobPlan
+from mmt.records.payload import open_private
 from mmt.records.restarts import record_requeue
 from mmt.records.schema import ErrorRecord
 
@@ -117,11 +125,6 @@ def framework_ports_held(
         yield all(_hold_or_report(int(str(rendezvous.framework_ports[i])), name(i), attempt, i, stack) for i in indices)
 
 
-def first_host(nodelist: str) -> str:
-    """node0 of the job."""
-    return node_hosts(nodelist)[0]
-
-
 def node_cores(cpus_on_node: Optional[str]) -> int:
     """The cores the node's ranks share (OMP_NUM_THREADS = this // ranks per node): SLURM's CPUs on the node, but
     never more than the host has. A node can declare more CPUs than it has (virtual or oversubscribed nodes,
@@ -196,6 +199,7 @@ class SlurmTask:
         facts = {key: os.environ.get(name, "") for key, name in SLURM_ENV.items()}
         node = int(facts["node"])
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # submitit ignores SIGTERM; stop when SLURM says so
+        self._mark_start(node)
         if node == 0:
             self._note_requeues(facts)
         code = self._run_node(facts, node) if self.per_node_tasks else self._run_rank(facts)
@@ -205,6 +209,15 @@ class SlurmTask:
                 f"{JobDir(Path(self.plan.job_dir)).logs}"
             )
         return code
+
+    def _mark_start(self, node: int) -> None:
+        """The timeline's view of this task: when its process started and when it took the job (node 0 also says
+        when the batch script started, which cannot write to the timeline itself at no cost)."""
+        path = self.attempt.timeline
+        if node == 0 and os.environ.get(STARTED_VAR):
+            timeline.mark_at(path, timeline.BATCH_START, float(os.environ[STARTED_VAR]))
+        timeline.mark_at(path, timeline.TASK_START, timeline.process_start_time(), node=node)
+        timeline.mark_at(path, timeline.AGENT_START, node=node)
 
     def _note_requeues(self, facts: Mapping[str, str]) -> None:
         """A requeued run records why the runs before it were requeued where they could not: a node failure ends
@@ -316,3 +329,26 @@ def failed_tasks(stderr_text: str) -> List[TaskDeath]:
         code = int(match.group(4)) if match.group(4) else None
         found.append(TaskDeath(host=match.group(1), task=first, exit_code=code, how=match.group(3)))
     return found
+
+
+def write_task_file(task: SlurmTask) -> Path:
+    """The task's file in its attempt dir (0600), which every task of the allocation runs."""
+    path = task.attempt.cluster_task
+    write_atomic(path, pickle.dumps(task), private=True)
+    return path
+
+
+def run_task_file(path: str) -> int:
+    """Run the task a launcher wrote to ``path`` (only this user's, private file: ``open_private``)."""
+    with open_private(Path(path)) as handle:
+        task = pickle.load(handle)
+    if not isinstance(task, SlurmTask):
+        raise TypeError(f"{path} holds a {type(task).__name__}, not an mmt SLURM task")
+    return task()
+
+
+if __name__ == "__main__":
+    # run as the module itself, not as __main__: the pickled task's class is mmt.backends.slurm.task.SlurmTask
+    from mmt.backends.slurm import task as _module
+
+    sys.exit(_module.run_task_file(sys.argv[1]))

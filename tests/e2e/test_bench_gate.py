@@ -1,0 +1,58 @@
+"""The launch-speed gate (benchmarks/bench_gate.py) fails a change that slows the launch: a copy of this tree whose
+node agent sleeps at its start, against this tree's commit, on the local backend (CI runs the gate itself against
+the last release, on both backends)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers.paths import REPO
+
+SLEEP_S = 1.5
+
+
+def _copy_with_a_slow_agent(dest: Path) -> Path:
+    """This checkout's tracked and new files, its local agent made to sleep before it takes any job."""
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, files):
+        source, target = REPO / name.decode(), dest / name.decode()
+        if source.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+    server = dest / "launcher_plugin" / "mmt" / "agent" / "server.py"
+    text = server.read_text()
+    start = "def main(argv: Optional[List[str]] = None) -> None:\n"
+    assert start in text, "the agent's entry point moved: update this test"
+    server.write_text(text.replace(start, f"{start}    time.sleep({SLEEP_S})  # the deliberate regression\n"))
+    return dest
+
+
+def test_the_gate_fails_a_change_that_sleeps_at_the_agents_start(tmp_path):
+    slow = _copy_with_a_slow_agent(tmp_path / "slow")
+    gate = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/bench_gate.py",
+            "--against",
+            "HEAD",
+            "--candidate",
+            str(slow),
+            "--backend",
+            "local",
+            "--rounds",
+            "3",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert gate.returncode == 1, gate.stdout[-3000:] + gate.stderr[-3000:]
+    assert "gate: FAILED" in gate.stdout and "local:" in gate.stdout, gate.stdout[-3000:]
+    # both versions' medians are printed, side by side
+    assert "a_this_local" in gate.stdout and "b_earlier_local" in gate.stdout
