@@ -110,7 +110,7 @@ def _fabric(config: LLMConfig, rank: RankInfo) -> L.Fabric:
 
 def _data(fabric: L.Fabric, config: LLMConfig, rank: RankInfo) -> Path:
     """The dataset's dir: prepared (if the cache lacks it) by one process per job or per node, the rest waiting."""
-    from recipes.llm_data import dataset_dir, is_ready, prepare_in_child
+    from recipes.llm_data import damage, dataset_dir, is_ready, prepare_in_child
 
     preparer = rank.rank == 0 if config.data.prepare_on == "job" else rank.local_rank == 0
     if preparer:
@@ -123,7 +123,17 @@ def _data(fabric: L.Fabric, config: LLMConfig, rank: RankInfo) -> Path:
             f"recipe.data.prepare_on=job, recipe.data.cache_dir must be on a filesystem every node shares; set "
             f"recipe.data.prepare_on=node for node-local disk"
         )
+    damaged = damage(path)  # the preparer rebuilt what it found damaged: this rank reads another copy, or a later one
+    if damaged is not None:
+        raise DamagedDataError(
+            f"rank {rank.rank}: the prepared data is damaged: {damaged}. HINT: run the job again (its data step "
+            f"rebuilds a damaged dataset), or delete {path} and let the next job build it"
+        )
     return path
+
+
+class DamagedDataError(RuntimeError):
+    """A rank found the prepared dataset damaged (a chunk missing or cut short) after its data step."""
 
 
 def _model(fabric: L.Fabric, config: LLMConfig, meta: Dict[str, Any]) -> Any:

@@ -7,7 +7,9 @@ byte sequence encodes).
 
 **Prepared once, cached by content.** A dataset lives in ``<cache_dir>/<key>/``, where the key is a digest of the
 corpus's text, the settings that change the bytes and the versions of the libraries that write them
-(``recipes.llm_config.DataSpec.key``). A sweep or a restart finds it and does nothing. Two jobs that need it at the
+(``recipes.llm_config.DataSpec.key``). A sweep or a restart finds it and does nothing, once it has checked the
+chunks against LitData's index (a chunk missing or cut short, as a full disk or a partial copy leaves them): a
+damaged dataset is set aside and built again, under the same lock. Two jobs that need it at the
 same moment serialize on an ``flock`` of ``<cache_dir>/.<key>.lock``: the first builds it into a temp dir next to
 it and renames the dir into place (one atomic ``rename``, so a reader sees the whole dataset or none of it); the
 second then finds it. A build killed half-way leaves only its temp dir, removed by the next build. Each build
@@ -89,17 +91,58 @@ def is_ready(path: Path) -> bool:
     return (path / "meta.json").is_file()
 
 
+SPLITS = ("train", "val")
+
+
+def damage(path: Path) -> Optional[str]:
+    """What is wrong with a dataset that says it is ready, or None: every chunk LitData's ``index.json`` of each
+    split lists must be there, whole (its ``chunk_bytes``), and the tokenizer too. A disk that filled mid-copy, or a
+    partial rsync to node-local disk, leaves exactly such a dataset; LitData would then wait for the missing bytes as
+    for a download that hung."""
+    if not (path / "tokenizer.json").is_file():
+        return f"{path / 'tokenizer.json'} is missing"
+    for split in SPLITS:
+        index = path / split / "index.json"
+        try:
+            chunks = json.loads(index.read_text())["chunks"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return f"{index} is missing or not LitData's index"
+        for chunk in chunks:
+            try:
+                name, expected = str(chunk["filename"]), int(chunk["chunk_bytes"])
+            except (KeyError, TypeError, ValueError):
+                return f"{index} lists a chunk without its filename and size"
+            file = path / split / name
+            try:
+                size = file.stat().st_size
+            except OSError:
+                return f"{file} is missing ({index} lists it)"
+            if size != expected:
+                return f"{file} has {size:,} bytes where {index} says {expected:,}"
+    return None
+
+
+def _set_aside(target: Path, why: str) -> None:
+    """A damaged dataset moves out of the way (kept for a look, never read again); the build then makes it anew."""
+    aside = target.parent / f".{target.name}.damaged-{int(time.time())}-{os.getpid()}"
+    os.rename(target, aside)
+    print(f"llm data: {why}: rebuilding {target.name} (the damaged copy is in {aside})", file=sys.stderr, flush=True)
+
+
 def prepare(spec: DataSpec) -> Path:
-    """The dataset's dir, built first if the cache does not have it (see the module's docstring)."""
+    """The dataset's dir, built first if the cache does not have it whole (see the module's docstring)."""
     lines = corpus_lines(spec)
     target = dataset_dir(spec, lines)
-    if is_ready(target):
+    if is_ready(target) and damage(target) is None:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another job may be building it: wait for it, then find it
         if is_ready(target):
-            return target
+            why = damage(target)
+            if why is None:
+                return target
+            _set_aside(target, why)  # under the lock: no other build or reader of this process's kind races it
         for stale in target.parent.glob(f".{target.name}.tmp-*"):  # a build that was killed: we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         temp = target.parent / f".{target.name}.tmp-{socket.gethostname()}-{os.getpid()}"

@@ -139,6 +139,29 @@ def test_the_guides_tf_config_snippet_fails_fast_naming_the_cause_on_slurm(tenso
     _snippet_fails_fast(tmp_path, tag, "cluster=slurm")
 
 
+def test_the_guides_snippet_in_a_job_that_does_not_say_it_is_tensorflow_fails_naming_the_key(tensorflow, tmp_path, tag):
+    """The seed's snippet as a user copies it, without hydra.launcher.framework: mmt wrote no TF_CONFIG, and finds
+    out only from the failure (TensorFlow could not start its gRPC server); it names the key that fixes it."""
+    done = run_app(
+        _command(EXAMPLES / "seed_tf_config.py"),
+        "command_mode=per_rank",
+        "num_nodes=2",
+        "devices=1",
+        *TF_LIMIT,
+        sweep_dir=tmp_path,
+        tag=tag,
+        timeout=420,
+    )
+    assert done.returncode != 0
+    [result] = results(tmp_path)
+    assert result["status"] == "FAILED", result
+    said = result["failure"]["exception"]
+    assert said.startswith("FrameworkAddressError: the command runs TensorFlow with a TF_CONFIG it built itself"), said
+    assert "HINT: set hydra.launcher.framework=tensorflow" in said and "\n" not in said, said
+    assert said in done.stderr  # the launcher's own report names it too
+    assert result["duration_s"] < 30, result["duration_s"]
+
+
 # ------------------------------------------------------------------------------------------------ JAX
 
 

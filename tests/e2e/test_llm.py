@@ -284,3 +284,37 @@ def test_tiny_llama_runs_a_few_steps_on_one_gpu_and_records_its_mfu(tmp_path, ta
     [job] = job_dirs(tmp_path / "sweep")
     with open(job / "metrics.csv") as handle:
         assert all(0 < float(row["mfu"]) < 1 for row in csv.DictReader(handle))
+
+
+@pytest.mark.parametrize("harm", ["truncated", "missing"])
+def test_a_damaged_cache_is_rebuilt_before_any_rank_trains(tmp_path, tag, harm):
+    """A chunk cut to a third of its size (a disk that filled mid-copy), or gone (a partial rsync): the cache key
+    still matches, so without a check LitData would wait for the missing bytes as for a hung download."""
+    cache = tmp_path / "cache"
+    done = subprocess.run(
+        [PY, "-m", "recipes.llm_data", "--cache-dir", str(cache)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    chunk = _dataset(cache) / "train" / "chunk-0-0.bin"
+    if harm == "truncated":
+        chunk.write_bytes(chunk.read_bytes()[: chunk.stat().st_size // 3])
+    else:
+        chunk.unlink()
+    run = run_app(
+        "recipe=llm",
+        "model=micro",
+        "num_nodes=1",
+        "devices=2",
+        f"recipe.data.cache_dir={cache}",
+        "recipe.max_steps=3",
+        sweep_dir=tmp_path / "sweep",
+        tag=tag,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    [result] = results(tmp_path / "sweep")
+    assert result["status"] == "COMPLETED" and result["return_value"]["steps"] == 3
+    assert len(_builds(cache)) == 2  # built again, under the same lock, before training
+    assert chunk.exists() and chunk.stat().st_size > 0
+    [aside] = list(cache.glob(".*.damaged-*"))  # the damaged copy is kept out of the way, named
+    assert (aside / "train" / "index.json").exists()

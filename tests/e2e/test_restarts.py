@@ -244,3 +244,68 @@ def test_a_rank_that_keeps_talking_is_not_hung(tmp_path, tag):
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert results(tmp_path)[0]["status"] == "COMPLETED"
+
+
+def test_a_job_in_its_restart_back_off_says_so_and_a_stop_then_keeps_the_run_that_failed(tmp_path, tag):
+    """Issue 30, item 1: `mmt run --detach --num-machines 2 --max-restarts 3` with a 20 s back-off, node 1's command
+    exiting 5 after a second. During the back-off `mmt list`, `mmt inspect`, the SDK and the page say it is
+    restarting, which run failed and why; a stop then never restarts it (as Ctrl-C: the failed run is its last, and
+    its failure the job's), and says why it failed."""
+    from mmt.dashboard import data
+    from mmt.sdk import Job
+    from mmt.service.handle import Status
+
+    (tmp_path / "fail.sh").write_text('sleep 1; if [ "$NODE_RANK" = 1 ]; then exit 5; fi; sleep 60\n')
+    name = f"rs{tag[:8]}"
+    launched = mmt(
+        "run", "--detach", "--name", name, "--num-machines", "2", "--max-restarts", "3",
+        "--set", "hydra.launcher.restart_backoff_s=20", "--command", "bash fail.sh",
+        cwd=tmp_path, tag=tag,
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stderr
+    wait_until(lambda: _listed(tmp_path, name, tag).get("status") == "Restarting", 60, "the back-off")
+    row = _listed(tmp_path, name, tag)
+    assert row["restarts"] == 1, row
+    assert row["note"].startswith("run 1 failed: node 1 exited with code 5; run 2 in "), row
+    listed = mmt("list", cwd=tmp_path, tag=tag).stdout
+    assert "Restarting (run 1 failed: node 1 exited with code 5; run 2 in " in listed, listed
+    facts = json.loads(mmt("inspect", name, "--json", cwd=tmp_path, tag=tag).stdout)
+    [run] = facts["earlier_runs"]  # recorded when it failed, not when the next run starts
+    assert run["restart"] == 0 and "exited with code 5" in run["error"], facts
+    assert facts["status"] == "Restarting" and facts["note"].startswith("run 1 failed:"), facts
+    assert Job(name).status == Status.Restarting
+    page = data.job_summary("x", Path(row["dir"]).resolve())
+    assert page["status"] == "RESTARTING" and page["note"].startswith("run 1 failed: node 1 exited with code 5"), page
+
+    stopped = mmt("stop", name, cwd=tmp_path, tag=tag)
+    assert stopped.returncode == 0, stopped.stderr
+    wait_until(lambda: _listed(tmp_path, name, tag).get("status") == "Failed", 30, "the stop")
+    said = mmt("inspect", name, cwd=tmp_path, tag=tag).stdout
+    assert "the command on node 1 raised CommandFailedError: command 'bash fail.sh' exited with code 5" in said, said
+    assert _listed(tmp_path, name, tag)["restarts"] == 0  # never restarted
+    assert wait_gone(tag) == []
+
+
+def test_a_supervisor_killed_in_the_back_off_leaves_the_run_that_failed_on_record(tmp_path, tag):
+    """The failed run is recorded when it fails: a detached job's supervisor SIGKILLed during the back-off is
+    concluded by `mmt list` as an orphan, and its result still names the run that failed and why."""
+    import os
+
+    from helpers.service import registered
+
+    (tmp_path / "fail.sh").write_text('sleep 1; if [ "$NODE_RANK" = 1 ]; then exit 5; fi; sleep 60\n')
+    name = f"rk{tag[:8]}"
+    launched = mmt(
+        "run", "--detach", "--name", name, "--num-machines", "2", "--max-restarts", "3",
+        "--set", "hydra.launcher.restart_backoff_s=60", "--command", "bash fail.sh",
+        cwd=tmp_path, tag=tag,
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stderr
+    wait_until(lambda: _listed(tmp_path, name, tag).get("status") == "Restarting", 60, "the back-off")
+    os.kill(registered(name)[name]["supervisor_pid"], signal.SIGKILL)
+    wait_until(lambda: _listed(tmp_path, name, tag).get("status") == "Failed", 30, "the orphan's conclusion")
+    facts = json.loads(mmt("inspect", name, "--json", cwd=tmp_path, tag=tag).stdout)
+    [run] = facts["earlier_runs"]
+    assert run["restart"] == 0 and "exited with code 5" in run["error"], facts
+    assert "ended without concluding it" in facts["result"]["error"], facts
+    assert wait_gone(tag) == []

@@ -5,6 +5,7 @@ every line the console did not show counted. The engine runs against the fake ba
 no process is started."""
 
 import csv
+import dataclasses
 import io
 import threading
 from pathlib import Path
@@ -334,3 +335,46 @@ def test_lines_the_console_dropped_are_counted_even_when_nothing_is_written_afte
     release.set()
     console.close()
     assert "line(s) not shown: the console could not keep up" in out.getvalue(), out.getvalue()[-300:]
+
+
+# -------------------------------------------------- one summary metric: the console, summary.png and the page
+
+
+@pytest.mark.parametrize(
+    "returned, key, name",
+    [
+        ([{"loss": 0.5, "val_loss": 0.25}, {"loss": 0.4, "val_loss": 0.125}], None, "loss"),  # a dict: its first number
+        ([{"loss": 0.5, "val_loss": 0.25}, {"loss": 0.4, "val_loss": 0.125}], "val_loss", "val_loss"),  # the recipe's
+        ([0.75, 0.5], None, "result"),  # a bare number the app names no key for
+        ([0.75, 0.5], "val/acc_best", "val/acc_best"),  # a bare number under the key the app optimises
+    ],
+)
+def test_the_console_summary_png_and_the_page_show_the_same_metric_and_value(
+    tmp_path: Path, returned: List[Any], key: Optional[str], name: str
+) -> None:
+    from mmt.dashboard import data
+
+    app = {"optimized_metric": key} if isinstance(returned[0], float) and key else {}
+    plans = [_plan(tmp_path, num, f"m-{num}", overrides=[f"lr={num + 1}"], **app) for num in range(2)]
+    if isinstance(returned[0], dict):  # the recipe's summary_metric (launcher_cfg sets "loss"): set or cleared
+        plans = [dataclasses.replace(plan, summary_metric=key) for plan in plans]
+    scripts = {num: Script(value=value) for num, value in enumerate(returned)}
+    shown = _launch(tmp_path, plans, FakeBackend(FakeSettings(scripts=scripts)))
+    expected = [
+        value[name] if isinstance(value, dict) else value for value in returned
+    ]  # what each job produced under that name
+
+    # the console: the column's name, and each job's number in its row
+    lines = shown.splitlines()
+    header = next(line for line in lines if line.startswith("#  overrides"))
+    assert header.split()[-1] == name, shown
+    rows = [next(line for line in lines if line.startswith(f"{num}  ")) for num in range(2)]
+    assert [float(row.split()[-1]) for row in rows] == expected, shown
+    # summary.png: its metric's label, and each job's number
+    png = write_sweep_plot(tmp_path)
+    assert png is not None and plotted(png)["metric"] == name
+    assert [job["metric"] for job in plotted(png)["jobs"]] == expected
+    # the page: each job's metric and its name, and the sweep chart's
+    jobs = [data.job_summary(str(num), (tmp_path / str(num)).resolve()) for num in range(2)]
+    assert [(job["metric_name"], job["metric"]) for job in jobs] == [(name, value) for value in expected]
+    assert data.swept_parameters(jobs)["metric_name"] == name

@@ -98,7 +98,8 @@ def test_status_topology_and_metric_of_running_and_finished_jobs(outputs, tmp_pa
     assert data.job_summary("x", only_logs)[("num_nodes")] == 1
     assert data.job_summary("x", only_logs)["devices"] == 3
     # metric: a number returned, a result from before summary_metric was recorded, a non-finite value
-    assert data.metric({"return_value": 0.5, "summary_metric": None}) == ("return value", 0.5)
+    # (a bare number is named as the console summary and summary.png name it: mmt.records.metric)
+    assert data.metric({"return_value": 0.5, "summary_metric": None}) == ("result", 0.5)
     assert data.metric({"return_value": {"val_loss": 2.0}}) == ("val_loss", 2.0)
     assert data.metric({"return_value": {"acc": "nan"}, "summary_metric": "acc"}) == ("acc", None)
     # NaN written by another tool: read (Python's json allows it), sent as null (JSON does not)

@@ -3,6 +3,8 @@
 * docs/configuration.md lists every field of the launcher configs (``hydra_plugins/mmt_launcher/config.py``) with
   its backend and default, and no key that is not a field; every ``hydra.launcher.<key>`` named anywhere in the
   README or docs/ is a field;
+* what configuration.md says a backend refuses (``refused on `cluster=local```, ``(SLURM only)`` ...) is what that
+  backend refuses, and a key it says runs on both is refused by neither;
 * the README stays a front door (under 12 KB);
 * every relative link and image in README.md and docs/*.md points at a file that exists (and, for a page, at a
   heading that exists);
@@ -194,6 +196,75 @@ def test_every_hydra_launcher_key_named_in_the_docs_is_a_field():
             if key not in fields:
                 unknown.append(f"{page.relative_to(ROOT)}: hydra.launcher.{key}")
     assert not unknown, "keys that are not fields of the launcher configs:\n  " + "\n  ".join(unknown)
+
+
+# ------------------------------------------------------------------------------- what the docs say of backends
+
+# a backend a row says refuses its key: "refused on `cluster=local`", "refused on SLURM", "(SLURM only)" ...
+_REFUSED_ON = re.compile(r"refused on (?:`cluster=)?(local|slurm)\b", re.I)
+_ONLY_ON = re.compile(r"\((local|slurm) only\)", re.I)
+_OTHER = {"local": "slurm", "slurm": "local"}
+# keys whose value a backend may refuse, each with a value to plan with (a JobPlan field and its value)
+RESTRICTION_SAMPLES: Dict[str, Tuple[str, Any]] = {
+    "image": ("image", "nvcr.io/nvidia/pytorch:24.05-py3"),
+    "max_restarts": ("max_restarts", 1),
+    "hang_timeout_min": ("hang_timeout_s", 600.0),
+    "framework": ("framework", "jax"),
+}
+
+
+def _stated_refusals(text: str) -> Set[str]:
+    refused = {m.lower() for m in _REFUSED_ON.findall(text)}
+    refused |= {_OTHER[m.lower()] for m in _ONLY_ON.findall(text)}
+    return refused
+
+
+def _config_rows() -> Dict[str, str]:
+    """Every key of configuration.md's tables (app keys and launcher keys) -> the text of its row."""
+    rows: Dict[str, str] = {}
+    for line in prose(CONFIG_DOC.read_text()).splitlines():
+        if line.startswith("|") and not set(line) <= set("|-: "):
+            cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+            for key in re.findall(r"`([^`]+)`", cells[0] if cells else ""):
+                rows[key] = rows.get(key, "") + " " + line
+    return rows
+
+
+def _refused_by(key: str) -> Set[str]:
+    """The backends whose planning refuses ``key`` set to its sample value."""
+    from helpers.plans import local_plan
+    from mmt.backends.local.backend import LocalBackend, LocalSettings
+    from mmt.backends.slurm.backend import SlurmBackend
+
+    field, value = RESTRICTION_SAMPLES[key]
+    plan = local_plan(**{field: value})
+    backends = {
+        "local": LocalBackend(
+            LocalSettings(max_parallel_ranks=4, master_addr="127.0.0.1", start_method="fork", kill_grace_s=1.0)
+        ),
+        "slurm": SlurmBackend.watcher(),
+    }
+    return {
+        name
+        for name, backend in backends.items()
+        if any(problem.key in (key, f"hydra.launcher.{key}") for problem in backend.problems(plan))
+    }
+
+
+def test_every_restriction_stated_in_the_docs_is_one_a_backend_has():
+    rows = _config_rows()
+    stated = {key: _stated_refusals(text) for key, text in rows.items()}
+    unchecked = sorted(key for key, refusals in stated.items() if refusals and key not in RESTRICTION_SAMPLES)
+    assert not unchecked, f"{CONFIG_DOC.name} states a backend restriction this test cannot check: {unchecked}"
+    wrong = []
+    for key in RESTRICTION_SAMPLES:
+        said, done = stated.get(key, set()), _refused_by(key)
+        if said != done:
+            wrong.append(
+                f"{key}: the docs say it is refused on {sorted(said) or 'no backend'}, planning refuses it "
+                f"on {sorted(done) or 'no backend'}"
+            )
+    assert not wrong, f"{CONFIG_DOC.name} disagrees with the backends:\n  " + "\n  ".join(wrong)
 
 
 # ------------------------------------------------------------------------------------------ the README

@@ -98,3 +98,29 @@ def test_every_catalogue_gpu_has_a_chip_entry_or_says_it_has_none():
             gpu_types.add(value)
     assert gpu_types <= set(CHIPS), gpu_types - set(CHIPS)
     assert chip(None) is None and chip("B200") is None
+
+
+def test_a_dataset_whose_chunks_do_not_match_its_index_is_named_damaged(tmp_path):
+    """recipes.llm_data.damage: every chunk LitData's index lists must be there, whole; the tokenizer too."""
+    import json
+
+    from recipes.llm_data import damage
+
+    dataset = tmp_path / "key"
+    for split in ("train", "val"):
+        (dataset / split).mkdir(parents=True)
+        (dataset / split / "chunk-0-0.bin").write_bytes(b"x" * 300)
+        index = {"chunks": [{"filename": "chunk-0-0.bin", "chunk_bytes": 300, "chunk_size": 4}], "config": {}}
+        (dataset / split / "index.json").write_text(json.dumps(index))
+    (dataset / "tokenizer.json").write_text("{}")
+    assert damage(dataset) is None
+    chunk = dataset / "train" / "chunk-0-0.bin"
+    chunk.write_bytes(b"x" * 100)
+    assert damage(dataset) == f"{chunk} has 100 bytes where {dataset / 'train' / 'index.json'} says 300"
+    chunk.unlink()
+    assert damage(dataset) == f"{chunk} is missing ({dataset / 'train' / 'index.json'} lists it)"
+    (dataset / "val" / "index.json").write_text("not json")
+    (dataset / "train" / "chunk-0-0.bin").write_bytes(b"x" * 300)
+    assert damage(dataset) == f"{dataset / 'val' / 'index.json'} is missing or not LitData's index"
+    (dataset / "tokenizer.json").unlink()
+    assert damage(dataset) == f"{dataset / 'tokenizer.json'} is missing"

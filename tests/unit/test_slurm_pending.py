@@ -72,11 +72,11 @@ def _facts(job: Optional[str] = SCONTROL_JOB, partition: Optional[str] = SCONTRO
 def test_squeue_gives_the_reason_of_a_pending_job_whole_and_none_for_others():
     states = queue.parse_squeue(SQUEUE)
     assert states["24"].reason == "PartitionConfig" and states["27"].reason == "PartitionNodeLimit"
-    assert states["26"] == queue.JobState("PENDING", None, 0, "BeginTime")
+    assert states["26"] == queue.SlurmState("PENDING", None, 0, "BeginTime")
     assert states["22"].reason == "ReqNodeNotAvail, UnavailableNodes:node1"  # spaces, a comma: the whole reason
     assert states["23"].reason.startswith("Nodes required for job are DOWN, DRAINED")
     # a running job says "None"; an ended one keeps the reason it waited for: neither waits now
-    assert states["17"] == queue.JobState("RUNNING", None, 2, None)
+    assert states["17"] == queue.SlurmState("RUNNING", None, 2, None)
     assert states["12"].reason is None and states["3"].reason is None
 
 

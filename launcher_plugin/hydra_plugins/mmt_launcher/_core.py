@@ -12,20 +12,18 @@ the same way; the launcher classes stay thin, so plugin discovery imports none o
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from mmt.backends.base import Backend
 from mmt.core.errors import ConfigError, InvalidJobError
 from mmt.core.jobdir import SweepDir, write_atomic
-from mmt.core.states import ConsoleMode, JobState, values
+from mmt.core.states import JobState
 from mmt.launching import engine, prepare
 from mmt.launching.compose_once import forget as forget_composed
-from mmt.launching.console import Console
-from mmt.planning import dryrun
-from mmt.planning import validate as check
+from mmt.launching.session import Detached, DryRun, LaunchSession, SessionSettings
 from mmt.planning.redact import env_names_in, masked_config, masked_overrides
 from mmt.records.outcome import error_for
 
@@ -39,7 +37,7 @@ def _secret_names(config: DictConfig, job_overrides: Sequence[Sequence[str]]) ->
     """The env variables of the sweep's master config and of every job's overrides (before any job is planned)."""
     try:
         configured = OmegaConf.select(config, "hydra.launcher.env")
-    except Exception:  # an interpolation that does not resolve: planning each job names it
+    except OmegaConfBaseException:  # an interpolation that does not resolve: planning each job names it
         configured = None
     names = list(configured) if isinstance(configured, (dict, DictConfig)) else []
     # as written: an override's value may hold an interpolation (trainer.num_nodes=${num_nodes}) of a job's key
@@ -100,10 +98,10 @@ def _job_return(job: prepare.HydraJob, report: engine.JobReport, key: Optional[s
     return _failed_return(job, error_for(report.plan, report.outcome), report.primary)
 
 
-def _dry_run(jobs: List[prepare.HydraJob], backend: Backend[Any]) -> List[JobReturn]:
-    print(f"mmt dry run: {len(jobs)} job(s) on cluster={backend.name}; nothing is started\n")
-    for job in jobs:
-        print(dryrun.render(job.prepared.plan, backend.describe(job.prepared.plan)) + "\n")
+def _dry_run(jobs: List[prepare.HydraJob], outcome: DryRun) -> List[JobReturn]:
+    print(f"mmt dry run: {len(jobs)} job(s) on cluster={outcome.backend}; nothing is started\n")
+    for render in outcome.renders:
+        print(render + "\n")
     return [
         JobReturn(
             overrides=list(job.prepared.plan.overrides),
@@ -160,33 +158,28 @@ def _launch(
             if up_front:
                 raise  # the whole grid is known: refuse it before anything starts
             refused[num] = InvalidJobError(f"job {num}", str(exc))
-    if any(job.prepared.plan.dry_run for job in jobs.values()):
-        return _dry_run(list(jobs.values()), backend)
-    mode = ConsoleMode(check.choice("hydra.launcher.console", config.hydra.launcher.console, values(ConsoleMode)))
-    options = engine.LaunchOptions(sweep_dir=sweep_dir, console=mode, registry=prepare.open_registry())
-    if bool(OmegaConf.select(config, "hydra.launcher.detach")):
-        return _detach(config, list(jobs.values()), backend, options, up_front, refused, job_overrides, initial_job_idx)
-    prepare.start_plotter(sweep_dir, [job.prepared.plan.job_dir for job in jobs.values()])
-    console = Console()
-    page = prepare.start_dashboard(config.hydra.launcher, sweep_dir, console)
+    settings = SessionSettings.of(config.hydra.launcher, sweep_dir)
+    if settings.detach and not up_front and not any(job.prepared.plan.dry_run for job in jobs.values()):
+        sweeper = OmegaConf.select(config, "hydra.sweeper._target_")
+        raise ConfigError(
+            "hydra.launcher.detach",
+            True,
+            f"the sweeper {sweeper} decides its next trials from the "
+            "jobs' return values, and a detached launch returns before any job has one",
+            "run it attached (detach=false); the basic sweeper's grid can be detached",
+        )
     not_started = [
         engine.NotStarted(num, job_overrides[num - initial_job_idx], str(error.reason))
         for num, error in refused.items()
     ]
-    try:
-        if jobs:
-            report = engine.launch(
-                [job.prepared for job in jobs.values()], backend, options, console, not_started=not_started
-            )
-        else:
-            report = None
-            engine.summarise(sweep_dir, engine.LaunchReport(jobs=[]), console, not_started=not_started)
-    finally:
-        if page is not None:
-            page.close()
-        console.close()
+    outcome = LaunchSession(backend, settings).run([job.prepared for job in jobs.values()], not_started)
+    if isinstance(outcome, DryRun):
+        return _dry_run(list(jobs.values()), outcome)
+    if isinstance(outcome, Detached):
+        return _detached(config, list(jobs.values()), outcome, refused, job_overrides, initial_job_idx)
+    report = outcome.report
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
-    by_num = {job.plan.num: job for job in report.jobs} if report else {}
+    by_num = {job.plan.num: job for job in report.jobs}
     returns = []
     for i, overrides in enumerate(job_overrides):
         num = initial_job_idx + i
@@ -199,55 +192,37 @@ def _launch(
         key = None if up_front else (job.optimize or job.prepared.plan.summary_metric)
         if num in by_num:
             returns.append(_job_return(job, by_num[num], key))
-        elif report is not None and num in report.unsubmitted:
+        elif num in report.unsubmitted:
             returns.append(
                 _failed_return(job, InvalidJobError(f"job {num}", "not submitted: the launch was interrupted first"))
             )
         else:  # left running (detached on SIGHUP): no result yet
             returns.append(_failed_return(job, InvalidJobError(f"job {num}", "detached: still running")))
-    if report is not None and report.interrupted_by is not None:
+    if report.interrupted_by is not None:
         sys.exit(128 + report.interrupted_by)
     return returns
 
 
-def _detach(
+def _detached(
     config: DictConfig,
     jobs: List[prepare.HydraJob],
-    backend: Backend[Any],
-    options: engine.LaunchOptions,
-    up_front: bool,
+    outcome: Detached,
     refused: Dict[int, InvalidJobError],
     job_overrides: Sequence[Sequence[str]],
     initial_job_idx: int,
 ) -> List[JobReturn]:
-    if not up_front:
-        sweeper = OmegaConf.select(config, "hydra.sweeper._target_")
-        raise ConfigError(
-            "hydra.launcher.detach",
-            True,
-            f"the sweeper {sweeper} decides its next trials from the "
-            "jobs' return values, and a detached launch returns before any job has one",
-            "run it attached (detach=false); the basic sweeper's grid can be detached",
-        )
-    if OmegaConf.select(config, "hydra.launcher.dashboard"):
-        raise ConfigError(
-            "hydra.launcher.dashboard",
-            True,
-            "the live page lasts as long as an attached launch, and a detached one returns at once",
-            "leave it out, and run `mmt dashboard` when you want the page: it shows every registered job",
-        )
+    """Each detached job's value is a handle (:class:`mmt.Job`)."""
     from mmt.sdk import Job  # the handles returned; the SDK loads only for a detached launch
 
-    submitted = prepare.detached_submit([job.prepared for job in jobs], backend, options)
-    for item in submitted:
+    for item in outcome.submitted:
         where = f"SLURM job {item.scheduler_id}" if item.scheduler_id else "a local supervisor"
         print(f"mmt: detached job {item.plan.num} {item.plan.name} ({where}): {item.plan.job_dir}", flush=True)
     print(
-        f"mmt: {len(submitted)} job(s) run detached; each job's value is a handle (mmt.Job): follow them with "
-        "`mmt list`, `mmt logs NAME -f`, `mmt wait NAME`",
+        f"mmt: {len(outcome.submitted)} job(s) run detached; each job's value is a handle (mmt.Job): follow them "
+        "with `mmt list`, `mmt logs NAME -f`, `mmt wait NAME`",
         flush=True,
     )
-    returns, by_num = [], {item.plan.num: item for item in submitted}
+    returns, by_num = [], {item.plan.num: item for item in outcome.submitted}
     jobs_by_num = {job.prepared.plan.num: job for job in jobs}
     for i, overrides in enumerate(job_overrides):
         num = initial_job_idx + i

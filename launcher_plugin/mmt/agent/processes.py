@@ -57,7 +57,8 @@ class Spawner:
             self.imported.add(name)
             try:
                 __import__(name)
-            except Exception as exc:  # the rank imports it itself and reports a real error
+            except Exception as exc:  # noqa: BLE001 - a module's import may raise anything; the rank imports it itself
+                # and reports the error where the user looks: the job's failure
                 _warn(f"could not preload {name}: {exc}")
 
     @staticmethod
@@ -68,7 +69,7 @@ class Spawner:
             from hydra.core.plugins import Plugins
 
             Plugins.instance()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a plugin module's import may raise anything; ranks rescan
             _warn(f"could not discover Hydra's plugins: {exc}")
 
     def start(self, spec: ProcessSpec) -> int:

@@ -71,6 +71,19 @@ class RankFailure:
         return f"rank {self.rank} (node {self.node_rank}) {how}"
 
 
+    def brief(self) -> str:
+        """Who failed and how, in a few words (``rank 1 exited with code 5``): a status line's, not the report's."""
+        who = f"node {self.node_rank}" if self.whole_node else f"rank {self.rank}"
+        if self.missing_result:
+            return f"{who} reported no result"
+        if self.signal:
+            return f"{who} was killed by {self.signal}"
+        command = (self.exception or "").startswith("CommandFailedError")
+        if self.exception and not command:
+            return f"{who} raised {self.exception.split(':', 1)[0]}"
+        return f"{who} exited with code {self.exit_code}"
+
+
 class RankFailedError(MMTError):
     """A rank of the job failed; the others were stopped."""
 

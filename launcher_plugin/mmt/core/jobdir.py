@@ -24,6 +24,7 @@ A job dir (Hydra's ``<sweep dir>/<job num>``) holds what users read and what the
         return.pkl               the primary process's JobReturn
         agent.<n>.json           the node agent of node n: host, pid, start and end
         requeued.<restart>       the job asked SLURM to requeue it during that restart
+        restarting.json          a run failed and the next starts after its back-off: which, why, when (local)
         scheduler.json           what the scheduler last said of the job (SLURM: queue state, why it waits, whether
                                  it can never start, since when it cannot be asked): mmt.records.scheduler
         finalized                the job's own last step (SLURM) has concluded it
@@ -370,6 +371,11 @@ class Attempt:
             for path in stacks.glob("*.txt"):
                 path.rename(stacks / aside.name / path.name)
         return aside
+
+    @property
+    def pending_restart_file(self) -> Path:
+        """A run failed and the next starts after its back-off (mmt.records.restarts.PendingRestart)."""
+        return self.dir / "restarting.json"
 
     def requeued_file(self, restart: int) -> Path:
         return self.dir / f"requeued.{restart}"

@@ -1,10 +1,12 @@
-"""Preemption and requeue on SLURM: mmt owns the requeue signal, and only mmt.
+"""Preemption and requeue: mmt owns the requeue signal, and only mmt. The scheduler is the backend's business: its
+task tells each rank, through the variables below, how often the job may be requeued and the command that requeues
+it (SLURM's: ``scontrol requeue <job id>``, ``mmt.backends.slurm.task``); nothing here knows a scheduler.
 
-SLURM sends ``SIGUSR2`` to every task ``signal_delay_s`` before the time limit (``#SBATCH --signal=USR2@N``), and a
-site or ``scancel --signal=USR2`` sends it on preemption. Exactly one component may act on it, or a job is
+The scheduler sends ``SIGUSR2`` to every task before the time limit (SLURM: ``#SBATCH --signal=USR2@N``), and a
+site sends it on preemption (``scancel --signal=USR2``). Exactly one component may act on it, or a job is
 checkpointed twice, requeued twice, or killed while saving (submitit #1709, Lightning #20056). mmt takes it:
 
-* every rank of an mmt SLURM job installs :func:`install` (the worker does, when the task sets
+* every rank of a job that may be requeued installs :func:`install` (the worker does, when the task sets
   ``MMT_PREEMPTIBLE=1``), replacing submitit's handler (submitit still submits and watches the job; its own
   checkpoint/requeue never runs), and Lightning's SLURM auto-requeue is switched off
   (:func:`mmt.lightning.cluster_environment`); the node agent forwards the signal to the ranks it forked;
@@ -15,22 +17,24 @@ checkpointed twice, requeued twice, or killed while saving (submitit #1709, Ligh
   end (where Lightning resumes exactly), and calls :func:`requeue`; the requeued job starts again in the same
   output dir and resumes from that checkpoint.
 
-Outside an mmt SLURM task nothing is installed and :func:`requested` is always False.
+Outside such a job nothing is installed and :func:`requested` is always False.
 """
 
 import os
+import shlex
 import signal
 import subprocess
 
 REQUEUE_SIGNAL = signal.SIGUSR2
-# set by the SLURM task for every rank: take the signal; how often the job may be requeued
-# (hydra.launcher.max_requeues); the SLURM job and its restart (SLURM's own variables are not every rank's);
+# set by the backend's task for every rank: take the signal; how often the job may be requeued
+# (hydra.launcher.max_requeues); the job's restart count (the scheduler's own variables are not every rank's);
 # the file that marks this restart as requeued, so that the job's own conclusion does not report it as ended
 PREEMPTIBLE_VAR = "MMT_PREEMPTIBLE"
 MAX_REQUEUES_VAR = "MMT_MAX_REQUEUES"
-JOB_ID_VAR = "MMT_SLURM_JOB_ID"
-RESTARTS_VAR = "MMT_SLURM_RESTART_COUNT"
+RESTARTS_VAR = "MMT_REQUEUE_COUNT"
 MARKER_VAR = "MMT_REQUEUE_MARKER"
+# the command that asks the scheduler to requeue this job (shell words), set by the backend's task
+REQUEUE_COMMAND_VAR = "MMT_REQUEUE_COMMAND"
 # the file this rank creates when it takes the signal (the node agent reads it before forwarding)
 ACK_VAR = "MMT_REQUEUE_ACK"
 
@@ -74,7 +78,7 @@ def requested() -> bool:
 
 
 def restarts() -> int:
-    return int(os.environ.get(RESTARTS_VAR) or os.environ.get("SLURM_RESTART_COUNT") or 0)
+    return int(os.environ.get(RESTARTS_VAR) or 0)
 
 
 def may_be_requeued() -> bool:
@@ -88,9 +92,12 @@ def requeue_allowed() -> bool:
 
 
 def requeue() -> None:
-    """Ask SLURM to requeue this job (same job id, same output dir). Call on one rank, after checkpointing."""
-    job_id = os.environ.get(JOB_ID_VAR) or os.environ["SLURM_JOB_ID"]
+    """Ask the scheduler to requeue this job (same job, same output dir), with the command its backend gave. Call
+    on one rank, after checkpointing."""
+    command = os.environ.get(REQUEUE_COMMAND_VAR)
+    if not command:
+        raise RuntimeError(f"{REQUEUE_COMMAND_VAR} is not set: this is not a rank of a job that can be requeued")
     marker = os.environ.get(MARKER_VAR)
     if marker:
         open(marker, "w").close()
-    subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True, text=True, timeout=60)
+    subprocess.run(shlex.split(command), check=True, capture_output=True, text=True, timeout=60)

@@ -406,6 +406,25 @@ def misplaced_listener(env: Mapping[str, str], listening: Mapping[int, Collectio
     return None
 
 
+# what TensorFlow says when a worker cannot serve at the address its TF_CONFIG gives it
+TF_SERVER_FAILED = "Could not start gRPC server"
+
+
+def self_made_tf_config(env: Mapping[str, str], output: str) -> Optional[str]:
+    """Why a process failed, when it ran TensorFlow with a TF_CONFIG it made itself, in a job that did not say it is
+    TensorFlow (``env``: its contract, where mmt wrote no TF_CONFIG; ``output``: the end of what it printed), or
+    None. Looked for only after a failure: a job that is not TensorFlow pays nothing for it."""
+    if env.get(TF_CONFIG) or TF_SERVER_FAILED not in output:
+        return None
+    return (
+        "the command runs TensorFlow with a TF_CONFIG it built itself, and TensorFlow could not start its gRPC "
+        "server: every worker was given the same address (the Lightning guide's snippet lists "
+        "MASTER_ADDR:MASTER_PORT once per worker), so all but one cannot listen where it is told. HINT: set "
+        "hydra.launcher.framework=tensorflow (mmt then writes each worker's own TF_CONFIG, a port held for each) "
+        "and delete the script's TF_CONFIG code"
+    )
+
+
 @dataclass(frozen=True)
 class RankInfo:
     """What a rank reads back from the contract. Recipes use this, never the raw names."""

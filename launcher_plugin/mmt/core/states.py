@@ -12,6 +12,7 @@ class JobState(str, enum.Enum):
 
     PENDING = "PENDING"  # accepted, not started (waiting for capacity here, or in SLURM's queue)
     RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"  # a run failed; the next starts after its back-off (hydra.launcher.max_restarts)
     STOPPING = "STOPPING"  # asked to stop (a failure, the time limit, an interrupt); its processes are going
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"

@@ -8,7 +8,6 @@ unpickled.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import math
@@ -26,7 +25,12 @@ from typing import Any, BinaryIO
 import yaml
 
 from mmt.core.jobdir import LOG_NAME, LOGS, METRICS, METRICS_NAME, PRIVATE, RESULT, TRAINING_METRICS, JobDir
+from mmt.records import training
+from mmt.records.node_metrics import parse_samples
+from mmt.records.restarts import PendingRestart
+from mmt.records.result_view import ResultView
 from mmt.records.scheduler import SchedulerRecord, scheduler_record_of
+from mmt.records.schema import EarlierRun
 
 MAX_DEPTH = 4  # outputs/multirun/<date>/<time>/<job>
 MAX_DIRS_SCANNED = 20_000
@@ -310,9 +314,9 @@ def _hydra_config(root: Path) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def overrides(root: Path, result: dict[str, Any] | None) -> list[str]:
-    if result and isinstance(result.get("overrides"), list):
-        return [str(o) for o in result["overrides"]]
+def overrides(root: Path, result: ResultView | None) -> list[str]:
+    if result and result.overrides:
+        return list(result.overrides)
     listed = read_yaml(root, ".hydra", "overrides.yaml")
     return [str(o) for o in listed] if isinstance(listed, list) else []
 
@@ -321,11 +325,11 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def topology(root: Path, result: dict[str, Any] | None) -> tuple[int | None, int | None, str | None]:
+def topology(root: Path, result: ResultView | None) -> tuple[int | None, int | None, str | None]:
     """(nodes, devices per node, machine): from the result once there is one, else from this run's composed
     config and its log names (a running job's plan is a pickle, which the dashboard never loads)."""
     if result:
-        return _int(result.get("num_nodes")), _int(result.get("devices")), result.get("machine")
+        return result.num_nodes, result.devices, result.machine
     config = _hydra_config(root)
     machine = config.get("machine")
     machine_name = machine.get("name") if isinstance(machine, dict) else machine
@@ -344,22 +348,12 @@ def topology(root: Path, result: dict[str, Any] | None) -> tuple[int | None, int
     return nodes, devices, machine_name
 
 
-def metric(result: dict[str, Any] | None) -> tuple[str | None, float | None]:
-    """The job's summary metric: ``summary_metric`` of the returned dict, or the return value itself."""
+def metric(result: ResultView | dict[str, Any] | None) -> tuple[str | None, float | None]:
+    """The job's summary metric, as the console summary and summary.png show it (:mod:`mmt.records.metric`)."""
     if not result:
         return None, None
-    value = result.get("return_value")
-    key = result.get("summary_metric")
-    if number(value) is not None:
-        return key or "return value", number(value)
-    if not isinstance(value, dict):
-        return key, None
-    # result.json files written before summary_metric was recorded: the recipes' usual key
-    keys = [key] if "summary_metric" in result else ["val_loss", "loss"]
-    for name in keys:
-        if name and number(value.get(name)) is not None:
-            return name, number(value[name])
-    return key, None
+    chosen = (result if isinstance(result, ResultView) else ResultView.of(result)).metric()
+    return chosen.name, chosen.value
 
 
 ATTEMPT_ID = re.compile(r"[0-9A-Za-z_.-]{1,64}")
@@ -374,17 +368,34 @@ def scheduler_view(root: Path, attempt: Any) -> SchedulerRecord | None:
     return scheduler_record_of(read_json(root, *path.relative_to(root).parts))
 
 
-def job_state(root: Path) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:
+def restart_view(root: Path, attempt: Any) -> PendingRestart | None:
+    """The restart that attempt waits for, between a failed run and the next (``restarting.json``), if it does."""
+    if not isinstance(attempt, str) or not ATTEMPT_ID.fullmatch(attempt) or attempt in (".", ".."):
+        return None
+    path = JobDir(root).attempt(attempt).pending_restart_file
+    data = read_json(root, *path.relative_to(root).parts)
+    failed = EarlierRun.of(data.get("failed")) if data else None
+    next_at = number(data.get("next_at")) if data else None
+    why = data.get("why") if data else None
+    if failed is None or next_at is None:
+        return None
+    return PendingRestart(failed, next_at, why if isinstance(why, str) else "")
+
+
+def job_state(root: Path) -> tuple[str, ResultView | None, dict[str, Any] | None]:
     """(status, this run's result or None, owner record or None)."""
-    result = read_json(root, RESULT)
+    found = read_json(root, RESULT)
+    result = ResultView.of(found) if found is not None else None
     owner = read_json(root, PRIVATE, JobDir(root).owner.name)
     # an owner whose attempt has no result yet is running (or waits in the scheduler's queue); a result.json of an
     # older attempt says nothing now
-    if owner is not None and (result is None or result.get("attempt") != owner.get("attempt")):
+    if owner is not None and (result is None or result.attempt != owner.get("attempt")):
+        if restart_view(root, owner.get("attempt")) is not None:
+            return "RESTARTING", None, owner
         view = scheduler_view(root, owner.get("attempt"))
         return ("PENDING" if view is not None and view.state == "PENDING" else "RUNNING"), None, owner
     if result:
-        return str(result.get("status") or "UNKNOWN"), result, owner
+        return result.status, result, owner
     return "PENDING", None, owner
 
 
@@ -392,21 +403,22 @@ def job_summary(job_id: str, root: Path, now: float | None = None) -> dict[str, 
     """What the job list shows: status, topology, machine, duration, metric."""
     now = time.time() if now is None else now
     status, final, owner = job_state(root)
-    running = status == "RUNNING"
+    running = status in ("RUNNING", "RESTARTING")
     nodes, devices, machine = topology(root, final)
     if final:
-        duration = number(final.get("duration_s"))
-        started = number(final.get("started_at"))
+        duration, started = final.duration_s, final.started_at
     else:
         started = number(owner.get("started")) if owner else None
         duration = max(0.0, now - started) if running and started else None
     metric_name, metric_value = metric(final)
-    view = scheduler_view(root, (final or owner or {}).get("attempt"))
+    attempt = final.attempt if final else (owner or {}).get("attempt")
+    view = scheduler_view(root, attempt)
+    restarting = restart_view(root, attempt) if status == "RESTARTING" else None
     return clean(
         {
             "id": job_id,
             "num": root.name,
-            "name": str((final or owner or {}).get("name") or root.name),
+            "name": str((final.name if final else (owner or {}).get("name")) or root.name),
             "sweep": opaque_id(root.parent),
             "status": status,
             "num_nodes": nodes,
@@ -418,11 +430,11 @@ def job_summary(job_id: str, root: Path, now: float | None = None) -> dict[str, 
             "metric": metric_value,
             "overrides": overrides(root, final),
             "backend": owner.get("backend") if owner else None,
-            "scheduler_id": (final or owner or {}).get("scheduler_id"),
+            "scheduler_id": final.scheduler_id if final else (owner or {}).get("scheduler_id"),
             # SLURM's pending reason while the job waits (or the one that failed it), and what the status alone does not
             # say: why it waits, that it can never start, since when the scheduler does not answer
             "reason": view.reason if view is not None and (view.never_starts or not final) else None,
-            "note": view.note(final=bool(final)) if view is not None else None,
+            "note": restarting.describe() if restarting else view.note(final=bool(final)) if view else None,
         }
     )
 
@@ -439,19 +451,18 @@ def job_detail(job_id: str, root: Path) -> dict[str, Any]:
     """The job page's header: the summary, the failure with its traceback, its logs and metric files."""
     summary = job_summary(job_id, root)
     _, result, _ = job_state(root)
-    failure = result.get("failure") if result else None
     return clean(
         {
             **summary,
             "path": str(root),
-            "error": result.get("error") if result else None,
-            "failure": failure if isinstance(failure, dict) else None,
+            "error": result.error if result else None,
+            "failure": result.failure if result else None,
             "logs": [{"name": f.name, "node": f.node, "rank": f.rank} for f in log_files(root)],
             "metric_nodes": [node for node, _ in metrics_files(root)],
             "curves_version": _mtime_ns(root, TRAINING_METRICS),
-            "return_value": result.get("return_value") if result else None,
+            "return_value": result.return_value if result else None,
             # the runs that failed and were restarted, each with its failure and duration (hydra.launcher.max_restarts)
-            "earlier_runs": result.get("earlier_runs") or [] if result else [],
+            "earlier_runs": result.earlier_runs if result else [],
         }
     )
 
@@ -512,20 +523,6 @@ def metrics_files(root: Path) -> list[tuple[int, Path]]:
         if match is not None and path is not None and path.is_file():
             found.append((int(match[1]), path))
     return sorted(found)
-
-
-def parse_samples(data: bytes) -> list[dict[str, Any]]:
-    """The samples of a metrics file; what follows the last newline is a line still being written: ignored."""
-    samples = []
-    for line in data.split(b"\n")[:-1]:
-        try:
-            sample = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(sample, dict) and number(sample.get("t")) is not None:
-            samples.append(sample)
-    samples.sort(key=lambda s: s["t"])  # a sampler thinning old samples keeps order; be safe anyway
-    return samples
 
 
 def _parse_metrics(path: Path, st: os.stat_result) -> list[dict[str, Any]]:
@@ -593,51 +590,21 @@ def node_metrics(root: Path, since: float | None = None, limit: int = MAX_POINTS
 
 
 def parse_curves(text: str) -> dict[str, Any]:
-    """metrics.csv (Lightning's CSVLogger: epoch,step,train_loss,val_loss,... with empty cells, or mmt's
-    step,train_loss,...) as one row per step, each column a series with None where a step has no value; ``restarts``:
-    the steps where a later run took over (its step went back: resumed from a checkpoint), whose rows win."""
-    lines = text.split("\n")
-    if not text.endswith("\n"):
-        lines = lines[:-1]  # a row still being written
-    rows = list(csv.reader(lines))
-    if not rows:
-        return {"step": [], "series": {}}
-    header, body = rows[0], [r for r in rows[1:] if r]
-    step_col = header.index("step") if "step" in header else None
-    by_step: dict[float, dict[str, float]] = {}
-    restarts: list[float] = []
-    previous: float | None = None
-    for i, row in enumerate(body):
-        step = to_number(row[step_col]) if step_col is not None and step_col < len(row) else float(i)
-        if step is None:
-            continue
-        if previous is not None and step < previous:
-            restarts.append(step)  # a run resumed from an earlier checkpoint (a restart, a requeue): its rows win
-        previous = step
-        merged = by_step.setdefault(step, {})
-        for name, cell in zip(header, row):
-            value = to_number(cell) if cell and name not in ("step", "epoch") else None
-            if value is not None:
-                merged[name] = value  # Lightning writes a step's train and val values on separate rows
-    steps = sorted(by_step)
-    names = [n for n in header if n not in ("step", "epoch") and any(n in by_step[s] for s in steps)]
-    series = {n: [by_step[s].get(n) for s in steps] for n in names}
-    return {"step": steps, "series": series, "restarts": restarts}
+    """metrics.csv's text as the page draws it: one row per step, each column a series with None where a step has
+    no value; ``restarts``: the steps where a later run took over (:mod:`mmt.records.training`)."""
+    return _curves(training.parse(text))
+
+
+def _curves(metrics: training.TrainingMetrics) -> dict[str, Any]:
+    return {
+        "step": list(metrics.steps),
+        "series": {name: list(values) for name, values in metrics.series.items()},
+        "restarts": list(metrics.restarts),
+    }
 
 
 def _parse_csv(path: Path, st: os.stat_result) -> dict[str, Any]:
-    handle = open_regular(path)
-    if handle is None:
-        return {"step": [], "series": {}}
-    with handle:
-        header = handle.readline()
-        if st.st_size > MAX_CSV_BYTES:  # long runs: the header and the latest rows
-            handle.seek(st.st_size - MAX_CSV_BYTES)
-            body = handle.read()
-            body = body[body.find(b"\n") + 1 :]
-        else:
-            body = handle.read()
-    return parse_curves((header + body).decode("utf-8", errors="replace"))
+    return _curves(training.read(path, MAX_CSV_BYTES))
 
 
 def training_curves(root: Path, limit: int = MAX_CURVE_POINTS) -> dict[str, Any]:

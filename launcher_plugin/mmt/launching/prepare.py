@@ -1,7 +1,7 @@
 """Preparing jobs for the engine from Hydra configs, for every front end (the Hydra launcher, the ``mmt`` CLI, the
 SDK): each job's config composed once from the sweep's master config and its overrides, its output dir frozen, its
-plan made, its payload packed; plus what a launch needs around that (its backend, its registry, the sweep dir checked,
-the live page, a detached start).
+plan made, its payload packed; plus what comes before that (the backend, the local agent warmed with what the jobs
+will preload, the sweep dir checked and claimed). What a launch does with prepared jobs is the launch session's.
 
 * Every job's config is composed here, in the launcher process, once: ranks never re-compose (one ``${now:}``, one
   output dir), and per-job values (``num_nodes=1,2``) come from each job's own config. The launcher takes the
@@ -10,10 +10,9 @@ the live page, a detached start).
 
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.singleton import Singleton
@@ -26,16 +25,13 @@ from mmt.backends.registry import UnknownBackendError, backend_class
 from mmt.backends.registry import names as backend_names
 from mmt.core import launch_id
 from mmt.core.errors import ConfigError
-from mmt.launching import engine, supervisor
 from mmt.launching.compose_once import ComposeOnce, compose_job
-from mmt.launching.console import Console
-from mmt.monitor import plots
+from mmt.launching.jobs import PreparedJob
 from mmt.planning import validate as check
 from mmt.planning.conflicts import check_strategies
 from mmt.planning.plan import plan_job
 from mmt.records import ownership
 from mmt.records.payload import JobPayload
-from mmt.records.registry import Registry
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,80}$")
 # Hydra's own grid sweeper: every job of the launch is known up front, from the command line's overrides
@@ -102,12 +98,6 @@ def _decides_preload(key: str) -> bool:
     return key in _PRELOAD_GROUPS or any(key == name or key.startswith(f"{name}.") for name in _PRELOAD_VALUES)
 
 
-def start_plotter(sweep_dir: Path, job_dirs: Sequence[str]) -> None:
-    """summary.png's drawer imports matplotlib while the jobs run, when the sweep will have a plot worth it."""
-    if plots.sweep_may_be_drawn(sweep_dir, job_dirs):
-        plots.Plotter.start()
-
-
 def claim_sweep(config: DictConfig, backend: Backend[Any]) -> ownership.SweepClaim:
     """Called in the launcher's setup(), before the sweeper writes ``multirun.yaml`` into the sweep dir: the sweep
     dir is this launch's (an flock, held until the launcher goes), or the launch is refused, naming who has it."""
@@ -131,7 +121,7 @@ def check_sweep_dir(config: DictConfig) -> None:
 
 @dataclass
 class HydraJob:
-    prepared: engine.PreparedJob
+    prepared: PreparedJob
     config: DictConfig
     optimize: Optional[str]
 
@@ -218,50 +208,7 @@ def prepare_job(
     )
     optimize = OmegaConf.select(launcher_cfg, "optimized_metric")
     return HydraJob(
-        prepared=engine.PreparedJob(payload=payload, copied_env={n: os.environ[n] for n in plan.env_from}),
+        prepared=PreparedJob(payload=payload, copied_env={n: os.environ[n] for n in plan.env_from}),
         config=config,
         optimize=optimize if isinstance(optimize, str) else None,
     )
-
-
-def start_dashboard(launcher_cfg: DictConfig, sweep_dir: Path, console: Console) -> Any:
-    """The live page for this launch, when ``hydra.launcher.dashboard`` asks for it (it ends with the launch)."""
-    if not OmegaConf.select(launcher_cfg, "dashboard"):
-        return None
-    from mmt.dashboard.background import BackgroundDashboard  # the page's server: only when asked for
-
-    page = BackgroundDashboard([sweep_dir])
-    console.write(
-        f"mmt: live page: {page.url or 'could not start (see the log above)'}  (later: mmt dashboard {sweep_dir})\n"
-    )
-    return page
-
-
-def open_registry() -> Optional[Registry]:
-    """The job registry; a launch still runs (its job dirs are the truth) where the registry cannot be opened."""
-    registry = Registry()
-    try:
-        registry.names_taken([])
-    except Exception as exc:
-        print(
-            f"mmt: WARNING the job registry {registry.path} cannot be used ({exc}); jobs run unregistered",
-            file=sys.stderr,
-        )
-        return None
-    return registry
-
-
-def detached_submit(
-    jobs: List[engine.PreparedJob], backend: Backend[Any], options: engine.LaunchOptions
-) -> List[engine.Submitted]:
-    """Start jobs that outlive this process: SLURM's conclude themselves; local ones get a supervisor."""
-    if options.registry is None:
-        raise ConfigError(
-            "hydra.launcher.detach",
-            True,
-            "detached jobs are found again through the job registry, which cannot be opened here",
-            "fix MMT_HOME (or ~/.mmt), or run attached",
-        )
-    if backend.survives_launcher:
-        return engine.submit(jobs, backend, options)
-    return supervisor.start(jobs, backend, options, launch_id.current().launch)

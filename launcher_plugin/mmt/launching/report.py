@@ -1,11 +1,18 @@
-"""The sweep summary: one row per job, printed at the end of a launch and appended to ``summary.csv``."""
+"""The sweep summary: one row per job, printed at the end of a launch and appended to ``summary.csv``; then
+``summary.png`` drawn, and what could not be written said in one line."""
 
 import csv
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from mmt.launching.console import clean
+from mmt.core.jobdir import SweepDir
+from mmt.core.states import JobState
+from mmt.launching.console import Console, clean
+from mmt.launching.jobs import LaunchReport, NotStarted
+from mmt.planning.redact import env_names_in, masked_overrides
+from mmt.records.metric import summary_metric, sweep_metric_name
 
 # characters of a job's overrides the printed summary shows (summary.csv keeps them all): a sweep over long values
 # (a command, a list) must not widen every row of the table to hundreds of columns
@@ -50,16 +57,9 @@ def one_line(text: str, limit: int = MAX_OVERRIDES) -> str:
 
 
 def metric_of(value: object, key: Optional[str]) -> Dict[str, str]:
-    """The number shown in the summary: ``value[key]``, else the first number of a returned dict, else value."""
-    if isinstance(value, dict):
-        items = [(key, value.get(key))] if key else list(value.items())
-        for name, item in items:
-            if isinstance(item, (int, float)) and not isinstance(item, bool):
-                return {"name": str(name), "value": f"{item:.4g}"}
-        return {"name": key or "result", "value": "-"}
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return {"name": key or "result", "value": f"{value:.4g}"}
-    return {"name": key or "result", "value": "-"}
+    """The number shown in the summary, chosen as summary.png and the live page choose it (mmt.records.metric)."""
+    chosen = summary_metric(value, key)
+    return {"name": chosen.name, "value": "-" if chosen.value is None else f"{chosen.value:.4g}"}
 
 
 def format_summary(title: str, rows: Sequence[SummaryRow], metric_name: str) -> str:
@@ -104,3 +104,82 @@ def append_summary_csv(path: Path, rows: List[SummaryRow], metric_name: str) -> 
                     row.note,
                 ]
             )
+
+
+def summarise(
+    sweep_dir: Path,
+    report: LaunchReport,
+    console: Console,
+    write_csv: bool = True,
+    not_started: Sequence[NotStarted] = (),
+) -> None:
+    rows = []
+    chosen = [summary_metric(job.record.return_value, job.record.summary_metric) for job in report.jobs]
+    metric_name = sweep_metric_name(chosen) or "metric"
+    for job in report.jobs:
+        plan, outcome = job.plan, job.outcome
+        # the key the number is under, as result.json records it (a returned number: the app's optimized_metric)
+        metric = metric_of(job.record.return_value, job.record.summary_metric)
+        note = "" if outcome.status == JobState.COMPLETED else first_line(job.record.error or "")
+        note = note.removeprefix(f"{plan.label}: ")
+        if job.record.restarts and outcome.status == JobState.COMPLETED:
+            note = f"completed after {job.record.restarts} restart(s): " + "; ".join(
+                f"run {run.restart}: {run.error.removeprefix(f'{plan.label}: ')}" for run in job.record.earlier_runs
+            )
+        rows.append(
+            SummaryRow(
+                job=plan.num,
+                name=plan.name,
+                overrides=" ".join(masked_overrides(plan.overrides, plan.secret_names)),
+                status=outcome.status.value,
+                num_nodes=plan.num_nodes,
+                devices=plan.devices,
+                duration_s=outcome.duration_s,
+                metric=metric["value"],
+                note=note,
+            )
+        )
+    for refused in not_started:
+        rows.append(
+            SummaryRow(
+                job=refused.num,
+                name="-",
+                overrides=" ".join(masked_overrides(refused.overrides, env_names_in(refused.overrides))),
+                status="FAILED",
+                num_nodes=0,
+                devices=0,
+                duration_s=None,
+                metric="-",
+                note=f"not started: {first_line(refused.reason)}",
+            )
+        )
+    rows.sort(key=lambda row: row.job)
+    if rows:
+        console.write("\n" + format_summary(f"mmt summary ({sweep_dir})", rows, metric_name) + "\n\n")
+    unwritten = [job.write_error for job in report.jobs if job.write_error is not None]
+    if rows and write_csv:
+        try:
+            append_summary_csv(SweepDir(sweep_dir).summary_csv, rows, metric_name)
+        except OSError as exc:
+            unwritten.append(f"{SweepDir(sweep_dir).summary_csv}: {exc.strerror or exc}")
+        try:
+            from mmt.monitor.plots import Plotter
+
+            Plotter.draw(sweep_dir)
+        except OSError as exc:
+            unwritten.append(f"{SweepDir(sweep_dir).summary_png}: {exc.strerror or exc}")
+    if unwritten:
+        console.write(
+            f"mmt: could not write {len(unwritten)} file(s); the summary above is complete: "
+            + "; ".join(unwritten)
+            + "\n"
+        )
+    if report.detached:
+        console.write(
+            f"mmt: {len(report.detached)} job(s) run on, detached: {', '.join(report.detached)}. "
+            "Follow them with `mmt wait NAME`, `mmt logs NAME -f` or `mmt list`\n"
+        )
+    elif report.interrupted_by is not None:
+        console.write(
+            f"mmt: {signal.Signals(report.interrupted_by).name} received; every rank of every job was stopped\n"
+        )

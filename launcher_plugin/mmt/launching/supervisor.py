@@ -104,7 +104,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     options = dataclasses.replace(spec["options"], console=ConsoleMode.none)
     try:
         engine.launch(spec["jobs"], backend, options, console, accepted=accepted)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever stops it before its jobs are accepted is its launcher's to say
         if not answer.closed:
             answer.write(json.dumps({"error": str(exc)}))
             answer.close()

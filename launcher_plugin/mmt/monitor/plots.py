@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from mmt.core.jobdir import JobDir, SweepDir
+from mmt.records.metric import UNNAMED, number, sweep_metric_name
+from mmt.records.result_view import ResultView
+from mmt.records.training import read as read_training_metrics
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -94,7 +97,7 @@ def _drawn_here(sweep_dir: Path) -> Optional[Path]:
         return write_sweep_plot(sweep_dir)
     except OSError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - matplotlib may raise anything on odd data: reported, not fatal
         raise OSError(f"the plot could not be drawn ({type(exc).__name__}: {exc})") from exc
 
 
@@ -138,17 +141,10 @@ class _Job:
 # --------------------------------------------------------------------------------------------- reading inputs
 
 
-def _number(value: Any) -> Optional[float]:
-    """A JSON number as a finite float; None for anything else (bools, strings, nan): the engine's rule."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def _parse(text: Optional[str]) -> Optional[float]:
-    """A CSV cell or an override value as a finite float; None for blanks, text and nan."""
+    """An override's value as a finite float; None for blanks, text and nan."""
     try:
-        return _number(float(text))  # type: ignore[arg-type]
+        return number(float(text))  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
 
@@ -166,27 +162,6 @@ def _params(overrides: Any) -> Dict[str, str]:
     return params
 
 
-def _read_curves(path: Path) -> Dict[str, Curve]:
-    """train_loss / val_loss against step. Lightning's CSVLogger leaves a row's other metrics' cells empty, so
-    each column keeps only its own numeric cells; a row without a step counts by position."""
-    try:
-        with open(path, newline="") as handle:
-            rows = list(csv.DictReader(handle))
-    except (OSError, UnicodeDecodeError, csv.Error):
-        return {}
-    curves: Dict[str, List[Tuple[float, float]]] = {}
-    for index, row in enumerate(rows):
-        step = _parse(row.get("step"))
-        for column in (*CURVES, RATE):
-            value = _parse(row.get(column))
-            if value is not None:
-                curves.setdefault(column, []).append((index if step is None else step, value))
-    ordered = {column: sorted(points) for column, points in curves.items()}  # a resumed run appends again
-    return {
-        column: ([step for step, _ in points], [value for _, value in points]) for column, points in ordered.items()
-    }
-
-
 def _summary_csv_metric(sweep_dir: Path) -> Optional[str]:
     """The metric column of summary.csv: what the engine's summary showed (result.json may omit it)."""
     try:
@@ -199,55 +174,36 @@ def _summary_csv_metric(sweep_dir: Path) -> Optional[str]:
     return header[column] if column < len(header) and header[column] not in _NO_METRIC | {"note"} else None
 
 
-def _metric_name(sweep_dir: Path, jobs: Sequence[_Job], records: Sequence[Dict[str, Any]]) -> Optional[str]:
-    """The key of the summary metric in the returned dicts: result.json's ``summary_metric``, else the metric
-    column of summary.csv, else the first numeric key of the first dict that has one (the engine's rule)."""
-    for record in records:
-        if isinstance(record.get("summary_metric"), str):
-            return record["summary_metric"]
-    from_csv = _summary_csv_metric(sweep_dir)
-    if from_csv:
-        return from_csv
-    for job in jobs:
-        if isinstance(job.value, dict):
-            for key, item in job.value.items():
-                if _number(item) is not None:
-                    return str(key)
-    return None
-
-
 def _load(sweep_dir: Path) -> Tuple[List[_Job], str]:
-    """The jobs that have a readable result.json, in job order, with their metric; and the metric's name."""
-    jobs, records = [], []
+    """The jobs that have a readable result.json, in job order, with their metric; and the metric's name. The
+    metric is the console summary's (:mod:`mmt.records.metric`); a result that names none takes the column the
+    sweep's summary.csv shows."""
+    jobs, metrics = [], []
     try:
         dirs = [d for d in sweep_dir.iterdir() if d.name.isdigit() and d.is_dir()]
     except OSError:  # no sweep dir (yet), or not readable
         dirs = []
+    from_csv = _summary_csv_metric(sweep_dir)
     for job_dir in sorted(dirs, key=lambda d: int(d.name)):
-        try:
-            record = json.loads(JobDir(job_dir).result.read_text())
-        except (OSError, ValueError):  # missing, unreadable, not JSON, not UTF-8
+        view = ResultView.read(job_dir)
+        if view is None:  # missing, unreadable, not JSON, not an object
             continue
-        if not isinstance(record, dict):
-            continue
-        num = record.get("job")
-        num = num if isinstance(num, int) and not isinstance(num, bool) else int(job_dir.name)
+        training = read_training_metrics(JobDir(job_dir).training_metrics)
         jobs.append(
             _Job(
-                num=num,
-                status=str(record.get("status") or "UNKNOWN"),
-                params=_params(record.get("overrides")),
-                value=record.get("return_value"),
-                curves=_read_curves(JobDir(job_dir).training_metrics),
+                num=view.job if view.job is not None else int(job_dir.name),
+                status=view.status,
+                params=_params(list(view.overrides)),
+                value=view.return_value,
+                curves={column: training.points(column) for column in (*CURVES, RATE) if training.points(column)[0]},
                 dir=job_dir.name,
             )
         )
-        records.append(record)
-    name = _metric_name(sweep_dir, jobs, records)
-    for job in jobs:
-        if job.status == "COMPLETED":
-            job.metric = _number(job.value.get(name)) if isinstance(job.value, dict) else _number(job.value)
-    return jobs, name or "result"
+        metrics.append(view.metric(fallback_key=from_csv))
+    name = sweep_metric_name(metrics) or UNNAMED
+    for job, metric in zip(jobs, metrics):
+        job.metric = metric.value if metric.name == name and job.status == "COMPLETED" else None
+    return jobs, name
 
 
 def _swept(jobs: Sequence[_Job]) -> List[str]:

@@ -25,6 +25,7 @@ import psutil
 
 from mmt.core import proctree
 from mmt.core.jobdir import open_for_append, write_atomic
+from mmt.records.node_metrics import read_samples  # noqa: F401 - the sampler's readers read through it
 
 MAX_BYTES = 1 << 20
 _KEEP_RECENT = 0.25  # the newest quarter of the samples is never thinned
@@ -40,7 +41,7 @@ class GpuReader:
             import pynvml
 
             pynvml.nvmlInit()
-        except Exception:  # no driver, no library, no GPU: no GPU fields at all
+        except Exception:  # noqa: BLE001 - no library (ImportError), no driver (NVMLError, OSError): no GPU fields
             return
         self.nvml = pynvml
         count = pynvml.nvmlDeviceGetCount()
@@ -183,18 +184,3 @@ def thin(path: Path) -> None:
     keep_from = int(len(complete) * (1 - _KEEP_RECENT))
     kept = complete[:keep_from:2] + complete[keep_from:]
     write_atomic(path, "".join(kept).encode())
-
-
-def read_samples(path: Path) -> List[Dict[str, Any]]:
-    """Every complete sample of a metrics file (a line being written is skipped)."""
-    samples: List[Dict[str, Any]] = []
-    try:
-        text = path.read_text()
-    except OSError:
-        return samples
-    for line in text.splitlines():
-        try:
-            samples.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return samples

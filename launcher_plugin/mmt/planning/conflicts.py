@@ -14,6 +14,7 @@ Only the job's composed config is read (its ``hydra`` node aside); nothing of Li
 from typing import Any, Iterator, Optional, Tuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from mmt.core.errors import ConfigError
 
@@ -40,7 +41,7 @@ def _children(node: Any) -> Iterator[Tuple[str, Any]]:
             continue
         try:
             yield str(key), node[key]
-        except Exception:
+        except OmegaConfBaseException:  # an interpolation that does not resolve here (its resolver's error wrapped)
             continue
 
 
@@ -70,7 +71,7 @@ def _is_owner(key: str, value: Any) -> bool:
 def _target(node: DictConfig) -> Optional[str]:
     try:
         target = node.get("_target_")
-    except Exception:
+    except OmegaConfBaseException:  # an interpolation that does not resolve here
         return None
     return target if isinstance(target, str) else None
 
@@ -86,7 +87,7 @@ def _spawning(key: str, value: Any) -> Optional[Tuple[str, Any, str]]:
         target = _target(value) or ""
         try:
             method = value.get("start_method")
-        except Exception:
+        except OmegaConfBaseException:  # an interpolation that does not resolve here
             method = None
         if isinstance(method, str) and method.lower() in _SPAWNING_METHODS:
             return (

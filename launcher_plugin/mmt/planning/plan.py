@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from mmt.core.errors import ConfigError
 from mmt.core.rank_env import FRAMEWORK_NONE, FRAMEWORKS, TENSORFLOW, RankPlace, framework_port_count, topology_hints
@@ -317,6 +318,6 @@ def _restart_policy(launcher_cfg: DictConfig, recipe_runs: bool) -> Dict[str, An
 def _optimized_metric(launcher_cfg: DictConfig) -> Optional[str]:
     try:
         key = OmegaConf.select(launcher_cfg, "optimized_metric", default=None)
-    except Exception:  # an interpolation that does not resolve: the sweeper's own check names it
+    except OmegaConfBaseException:  # an interpolation that does not resolve: the sweeper's own check names it
         return None
     return key if isinstance(key, str) and key else None

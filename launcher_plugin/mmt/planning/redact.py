@@ -54,10 +54,11 @@ class _Masker:
 
 def _parse_mapping(value: str) -> Optional[Dict[str, Any]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
 
     try:
         parsed = OverridesParser.create().parse_override(f"x={value}").value()
-    except Exception:
+    except HydraException:  # not Hydra's override grammar (OverrideParseException): not a mapping either
         return None
     return parsed if isinstance(parsed, dict) else None
 

@@ -10,6 +10,7 @@ from mmt.core.states import JobState
 from mmt.records import liveness
 from mmt.records.payload import discard_payload
 from mmt.records.registry import JobRecord, Registry
+from mmt.records.restarts import recorded, with_earlier_runs
 from mmt.records.schema import ResultRecord, UnknownSchemaError
 
 
@@ -46,6 +47,8 @@ def conclude_orphan(record: JobRecord, registry: Registry, reason: str) -> JobRe
         ended_at=ended,
         duration_s=ended - started if started is not None else None,
     )
+    # the runs that failed before its supervisor went (each recorded when it failed: it may have died in a back-off)
+    result = with_earlier_runs(result, recorded(JobDir(Path(record.job_dir)).attempt(record.attempt)))
     as_dict = result.to_dict()
     if registry.conclude_orphan(record.name, record.attempt, as_dict):
         record.state, record.result, record.ended_at = result.status.value, as_dict, result.ended_at

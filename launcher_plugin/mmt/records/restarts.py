@@ -9,7 +9,7 @@ the rank that requeued it, empty, or by the run's last step, with why).
 
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -28,6 +28,56 @@ def record(attempt: Attempt, run: EarlierRun) -> None:
     """Add ``run`` to the attempt dir's record (atomically: a reader sees the runs before or after it)."""
     runs = [*recorded(attempt), run]
     write_atomic(attempt.earlier_runs_file, json.dumps({"runs": [asdict(r) for r in runs]}).encode(), private=True)
+
+
+@dataclass(frozen=True)
+class PendingRestart:
+    """A job between a failed run and the next: the run that failed (its ``restart``: MMT_RESTART_COUNT, 0 first),
+    what failed, and when the next run starts. Recorded when the run fails, so that whoever looks (``mmt list``,
+    ``mmt inspect``, the page, ``Job.status``) sees a job that is restarting, and why, not one that merely runs."""
+
+    failed: EarlierRun
+    next_at: float
+    # who failed and how, in a few words (RankFailure.brief): "rank 1 exited with code 5"
+    why: str = ""
+
+    def describe(self, now: Optional[float] = None) -> str:
+        """``run 1 failed: rank 1 exited with code 5; run 2 in 18 s``."""
+        wait = max(0.0, self.next_at - (time.time() if now is None else now))
+        run = self.failed.restart + 1
+        return f"run {run} failed: {self.why or self.failed.error}; run {run + 1} in {wait:.0f} s"
+
+
+def record_pending_restart(attempt: Attempt, failed: EarlierRun, next_at: float, why: str) -> None:
+    write_atomic(
+        attempt.pending_restart_file,
+        json.dumps({"failed": asdict(failed), "next_at": next_at, "why": why}).encode(),
+        private=True,
+    )
+
+
+def pending_restart(attempt: Attempt) -> Optional[PendingRestart]:
+    """The restart the attempt waits for, if it does."""
+    data = read_json(attempt.pending_restart_file)
+    failed = EarlierRun.of(data.get("failed")) if isinstance(data, dict) else None
+    next_at = data.get("next_at") if isinstance(data, dict) else None
+    if failed is None or not isinstance(next_at, (int, float)):
+        return None
+    why = data.get("why") if isinstance(data, dict) else None
+    return PendingRestart(failed=failed, next_at=float(next_at), why=why if isinstance(why, str) else "")
+
+
+def clear_pending_restart(attempt: Attempt) -> None:
+    attempt.pending_restart_file.unlink(missing_ok=True)
+
+
+def unrecord_last_run(attempt: Attempt) -> None:
+    """Drop the newest run from the attempt dir's record (a restart cancelled: that run is the job's last)."""
+    runs = recorded(attempt)[:-1]
+    if runs:
+        write_atomic(attempt.earlier_runs_file, json.dumps({"runs": [asdict(r) for r in runs]}).encode(), private=True)
+    else:
+        attempt.earlier_runs_file.unlink(missing_ok=True)
 
 
 def with_earlier_runs(result: ResultRecord, runs: Sequence[EarlierRun]) -> ResultRecord:

@@ -78,13 +78,15 @@ def job_row(record: JobRecord) -> Dict[str, Any]:
         duration = (record.ended_at or time.time()) - record.started_at
     view = job_status.scheduler_view(record)
     final = JobState(record.state).final
+    restarting = job_status.pending_restart_of(record)
     return {
         "name": record.name,
         "status": job_status.lightning_status(record.state),
         "state": record.state,
         # SLURM's pending reason while the job waits (or the one that failed it); what the status alone does not say
         "reason": view.reason if view is not None and (view.never_starts or not final) else None,
-        "note": view.note(final) if view is not None else None,
+        # a restart's back-off: which run failed, why, and when the next starts; else what the scheduler says
+        "note": restarting.describe() if restarting else view.note(final) if view is not None else None,
         "cluster": record.backend,
         "machine": record.machine,
         "topology": f"{record.num_nodes} x {record.devices}",
@@ -126,7 +128,7 @@ def job_facts(record: JobRecord) -> Dict[str, Any]:
         "scheduler": scheduler_story(record),
         "machines": [{"rank": n, "status": node_status(record, n)} for n in range(record.num_nodes)],
         # the runs that failed and were restarted, oldest first: restart, error, started_at, ended_at, duration_s
-        "earlier_runs": [asdict(run) for run in (result.earlier_runs if result is not None else ())],
+        "earlier_runs": [asdict(run) for run in job_status.earlier_runs(record)],
         # SLURM: the runs that were requeued (a lost node, scontrol requeue, the requeue signal): restart, why, at
         "requeues": [asdict(one) for one in (result.requeues if result is not None else ())],
     }
@@ -144,6 +146,7 @@ class Status(str, enum.Enum):
 
     Pending = "Pending"
     Running = "Running"
+    Restarting = "Restarting"  # mmt's own: a run failed, the next starts after its back-off (max_restarts)
     Stopping = "Stopping"
     Stopped = "Stopped"
     Completed = "Completed"

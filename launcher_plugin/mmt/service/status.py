@@ -11,12 +11,15 @@ from mmt.core.states import JobState, ProcessState
 from mmt.launching.report import SummaryRow, first_line, metric_of
 from mmt.records.outcome import process_state
 from mmt.records.registry import JobRecord, Registry
+from mmt.records.restarts import PendingRestart, pending_restart, recorded
 from mmt.records.scheduler import SchedulerRecord, read_scheduler
+from mmt.records.schema import EarlierRun
 
 # Lightning's job states (lightning_sdk.status.Status) for mmt's
 LIGHTNING_STATUS = {
     JobState.PENDING: "Pending",
     JobState.RUNNING: "Running",
+    JobState.RESTARTING: "Restarting",  # mmt's own: Lightning restarts nothing
     JobState.STOPPING: "Stopping",
     JobState.COMPLETED: "Completed",
     JobState.FAILED: "Failed",
@@ -27,6 +30,22 @@ LIGHTNING_STATUS = {
 
 def lightning_status(state: str) -> str:
     return LIGHTNING_STATUS[JobState(state)]
+
+
+def pending_restart_of(record: JobRecord) -> Optional[PendingRestart]:
+    """The restart a job waits for, between a failed run and the next (``RESTARTING``), from its attempt dir."""
+    if record.state != JobState.RESTARTING.value:
+        return None
+    return pending_restart(JobDir(Path(record.job_dir)).attempt(record.attempt))
+
+
+def earlier_runs(record: JobRecord) -> List[EarlierRun]:
+    """The runs of the job that failed and were (or are about to be) restarted: its result's, or while it runs,
+    what its attempt dir records as each failed."""
+    result = record.result_record()
+    if result is not None:
+        return list(result.earlier_runs)
+    return recorded(JobDir(Path(record.job_dir)).attempt(record.attempt))
 
 
 def scheduler_view(record: JobRecord) -> Optional[SchedulerRecord]:

@@ -10,14 +10,14 @@ import math
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from mmt.core.errors import ConfigError
 from mmt.launching import engine, prepare
 from mmt.launching.console import Console
-from mmt.planning import dryrun
+from mmt.launching.session import Detached, DryRun, LaunchSession, SessionSettings
 from mmt.planning.machine import canonical_name
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -230,13 +230,10 @@ def run(spec: RunSpec, console: Optional[Console] = None) -> Union[engine.Launch
     _check(spec)
     name = spec.name or default_name()
     context, master = _compose(spec, name)
-    if spec.detach and master.hydra.launcher.get("dashboard"):
-        raise ConfigError(
-            "hydra.launcher.dashboard",
-            True,
-            "the live page lasts as long as an attached run, and a detached one returns at once",
-            "leave it out, and run `mmt dashboard` when you want the page: it shows every registered job",
-        )
+    settings = replace(
+        SessionSettings.of(master.hydra.launcher, Path(str(master.hydra.sweep.dir)).absolute()), detach=spec.detach
+    )
+    settings.refuse_what_cannot_be_done("run")  # before anything is planned: the two flags cannot go together
     backend = prepare.make_backend(master.hydra.launcher)
     try:
         try:
@@ -255,23 +252,12 @@ def run(spec: RunSpec, console: Optional[Console] = None) -> Union[engine.Launch
             if mapped is exc:
                 raise
             raise mapped from None
-        plan = job.prepared.plan
-        if plan.dry_run:
-            return dryrun.render(plan, backend.describe(plan))
-        options = engine.LaunchOptions(
-            sweep_dir=Path(str(master.hydra.sweep.dir)).absolute(), registry=prepare.open_registry()
-        )
-        if spec.detach:
-            return prepare.detached_submit([job.prepared], backend, options)
-        backend.warm_up(plan.preload)  # the local agent is forked before any thread of this process starts
-        console = console or Console()
-        page = prepare.start_dashboard(master.hydra.launcher, options.sweep_dir, console)
-        try:
-            return engine.launch([job.prepared], backend, options, console)
-        finally:
-            if page is not None:
-                page.close()
-            console.close()
+        outcome = LaunchSession(backend, settings, what="run").run([job.prepared], console=console)
+        if isinstance(outcome, DryRun):
+            return outcome.renders[0]
+        if isinstance(outcome, Detached):
+            return outcome.submitted
+        return outcome.report
     finally:
         backend.close()
 

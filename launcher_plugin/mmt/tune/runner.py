@@ -23,6 +23,9 @@ from mmt.tune.search import Trial, TuneError, TuneSettings, choose, confirm, ref
 
 GIB = 1024**3
 
+# what a trial writes: whether the micro-batch fits and how fast it ran (mmt.tune.trial)
+TRIAL_RECORD = "trial.json"
+
 
 class TrialRunner:
     """Runs one candidate of ``recipe`` (a resolved recipe config with ``_target_``) in a fresh process."""
@@ -70,7 +73,8 @@ class TrialRunner:
             "accelerator": self.accelerator,
             "budget_bytes": self.budget_bytes,
             "sys_path": list(sys.path),
-            "result": str(job_dir / "result.json"),
+            # the trial's own record (fits or not, samples/s), not a job's result.json: another schema, another name
+            "result": str(job_dir / TRIAL_RECORD),
             "tuner_pid": os.getpid(),
         }
         (job_dir / "spec.json").write_text(json.dumps(spec))
@@ -95,7 +99,7 @@ class TrialRunner:
                 raise
         seconds = time.monotonic() - started
         try:
-            record = json.loads((job_dir / "result.json").read_text())
+            record = json.loads((job_dir / TRIAL_RECORD).read_text())
         except (OSError, ValueError):
             record = {}
         shutil.rmtree(job_dir, ignore_errors=True)  # the trial's checkpoints and metrics; its log stays

@@ -13,6 +13,10 @@ re-parented to it instead of init, and it can find and stop every descendant:
 ``python``, ``torchrun`` and the venv's scripts in a command are the launcher's: its interpreter's directory is
 first on PATH (``mmt.planning.environment``).
 
+A job that does not say it runs a framework pays nothing for this, but when its command fails the process reads
+back the end of its log: TensorFlow that could not start its gRPC server there, with no TF_CONFIG of mmt's, is a
+TF_CONFIG the script built itself (the Lightning guide's snippet), named with the key that fixes it.
+
 In a job with a framework (``hydra.launcher.framework``) the process also watches where its command listens: a
 TensorFlow worker on MASTER_PORT, or any process on a port mmt holds for another one, means the script replaced
 the TF_CONFIG or the ids mmt wrote (the Lightning guide's TF_CONFIG snippet does), and its workers would wait for
@@ -113,6 +117,21 @@ class ListenerGuard:
         return f"{'TF worker' if self.env.get(rank_env.TF_CONFIG) else 'JAX process'} {self.index}"
 
 
+_TAIL_BYTES = 64 * 1024
+
+
+def _own_output_tail() -> str:
+    """The end of what this process and its command printed: its stdout is the rank's log (read after a failure
+    only)."""
+    try:
+        with open(f"/proc/self/fd/{sys.stdout.fileno()}", "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - _TAIL_BYTES))
+            return handle.read().decode(errors="replace")
+    except (OSError, ValueError):  # not a file (a pipe, a terminal): nothing to read back
+        return ""
+
+
 def _wait(process: "subprocess.Popen[bytes]", guard: Optional[ListenerGuard]) -> Tuple[int, Optional[str]]:
     """The command's exit status, and why the guard stopped it (None: it ended by itself)."""
     while True:
@@ -176,6 +195,8 @@ def command_task(command: str) -> Callable[[Any], Dict[str, Any]]:
             cause = guard.check_job()
             if cause is not None:
                 reason = f"{guard.name}'s command exited with code {code} while {cause}"
+        if reason is None and code != 0 and guard is None:  # a job that did not say it runs a framework
+            reason = rank_env.self_made_tf_config(os.environ, _own_output_tail())
         if reason is not None:
             print(f"mmt: {reason}", file=sys.stderr, flush=True)
             raise FrameworkAddressError(command, code, reason)

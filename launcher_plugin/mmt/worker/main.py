@@ -232,7 +232,7 @@ def _write_return(attempt: Attempt, ret: Any) -> None:
 
     try:
         data = cloudpickle.dumps(ret)
-    except Exception as exc:  # an unpicklable return value: keep its text rather than lose the job
+    except Exception as exc:  # noqa: BLE001 - a value's own __reduce__ may raise anything: keep its text, not lose the job
         ret.return_value = f"<unpicklable {type(ret._return_value).__name__}: {exc}> {ret._return_value!r}"
         data = cloudpickle.dumps(ret)
     write_atomic(attempt.primary_return, data, private=True)
@@ -243,7 +243,7 @@ def main(argv: Optional[list] = None) -> int:
     attempt, index = Attempt(Path(args[0])), int(args[1])
     try:
         return run(attempt, index)
-    except Exception as exc:  # mmt's own failure around the task: reported like the task's
+    except Exception as exc:  # noqa: BLE001 - mmt's own failure around the task: reported like the task's, not hidden
         traceback.print_exc()
         report_error(attempt, index, exc)
         return 1

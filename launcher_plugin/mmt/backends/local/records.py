@@ -9,6 +9,7 @@ from mmt.core.states import JobState
 from mmt.records.liveness import supervisor_alive
 from mmt.records.reconcile import conclude_orphan, own_result, save
 from mmt.records.registry import JobRecord, Registry
+from mmt.records.restarts import pending_restart
 
 
 def refresh(record: JobRecord, registry: Registry) -> JobRecord:
@@ -16,8 +17,13 @@ def refresh(record: JobRecord, registry: Registry) -> JobRecord:
     result = own_result(record)
     if result is None and not alive:
         return conclude_orphan(record, registry, _orphan_reason(record))
-    started = JobDir(Path(record.job_dir)).logs.exists()
-    return save(record, registry, JobState.RUNNING.value if result is None and started else record.state, result)
+    job_dir = JobDir(Path(record.job_dir))
+    state = record.state
+    if result is None and pending_restart(job_dir.attempt(record.attempt)) is not None:
+        state = JobState.RESTARTING.value  # between a failed run and the next: its supervisor says when
+    elif result is None and job_dir.logs.exists():
+        state = JobState.RUNNING.value
+    return save(record, registry, state, result)
 
 
 def _orphan_reason(record: JobRecord) -> str:

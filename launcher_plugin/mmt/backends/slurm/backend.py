@@ -145,7 +145,7 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
     def __init__(self, settings: SlurmSettings) -> None:
         self.settings = settings
         self.project_dir = os.getcwd()
-        self._states: Dict[str, queue.JobState] = {}
+        self._states: Dict[str, queue.SlurmState] = {}
         self._next_query = 0.0
         self._accounting: Optional[bool] = None
         self._notices: List[str] = []
@@ -280,7 +280,7 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         with _private_files():
             try:
                 submitted = executor.submit(functools.partial(run_task_file, str(write_task_file(task))))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - submitit's and sbatch's errors, named below or raised as they are
                 if _unanswered(exc):
                     raise _created_anyway(plan, asked_at) from None
                 refused = _refusal(exc, plan, self.settings)
@@ -453,7 +453,7 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
             ),
         )
 
-    def _note_queue(self, job: SlurmJob, state: queue.JobState) -> None:
+    def _note_queue(self, job: SlurmJob, state: queue.SlurmState) -> None:
         """Why the job waits, shown once per reason (a notice, scheduler.json); a reason that never resolves
         cancels the job and concludes it FAILED with the one line of :mod:`pending`."""
         if state.final:

@@ -49,7 +49,9 @@ GONE = "GONE"
 
 
 @dataclass(frozen=True)
-class JobState:
+class SlurmState:
+    """What SLURM says of one job (squeue, or sacct once it left the queue): its own words, not mmt's JobState."""
+
     state: str  # first word of SLURM's state: "CANCELLED by 0" -> CANCELLED
     exit_code: Optional[str] = None  # sacct's "code:signal"
     restarts: int = 0
@@ -71,18 +73,18 @@ def ask(args: list, env: Optional[Dict[str, str]] = None, timeout_s: float = 30)
     return done.stdout if done.returncode == 0 else None
 
 
-def _sacct(ids: list) -> Optional[Dict[str, JobState]]:
+def _sacct(ids: list) -> Optional[Dict[str, SlurmState]]:
     out = ask(["sacct", "-X", "-n", "-P", "-D", "-j", ",".join(ids), "-o", "JobID,State,ExitCode"])
     if out is None:
         return None
-    found: Dict[str, JobState] = {}
+    found: Dict[str, SlurmState] = {}
     for line in out.splitlines():
         parts = line.split("|")
         if len(parts) < 3 or parts[0] not in ids:
             continue
         previous = found.get(parts[0])
         restarts = (previous.restarts + 1) if previous else 0  # -D lists every run of a requeued job
-        found[parts[0]] = JobState(parts[1].split()[0] if parts[1] else "PENDING", parts[2], restarts)
+        found[parts[0]] = SlurmState(parts[1].split()[0] if parts[1] else "PENDING", parts[2], restarts)
     return found
 
 
@@ -108,7 +110,7 @@ def partition_names() -> Optional[List[str]]:
 SQUEUE_FORMAT = "JobID:|,State:|,RestartCnt:|,Reason:|"
 
 
-def parse_squeue(out: str) -> Dict[str, JobState]:
+def parse_squeue(out: str) -> Dict[str, SlurmState]:
     """``squeue -O SQUEUE_FORMAT`` output, by job id. The reason is kept for a PENDING job only (an ended job keeps
     the last one SLURM gave it, a running one says "None")."""
     found = {}
@@ -116,7 +118,7 @@ def parse_squeue(out: str) -> Dict[str, JobState]:
         parts = [part.strip() for part in line.split("|")]
         if len(parts) >= 3 and parts[0]:
             reason = parts[3] if len(parts) > 3 and parts[1] == "PENDING" and parts[3] not in ("", "None") else None
-            found[parts[0]] = JobState(parts[1], None, int(parts[2]) if parts[2].isdigit() else 0, reason)
+            found[parts[0]] = SlurmState(parts[1], None, int(parts[2]) if parts[2].isdigit() else 0, reason)
     return found
 
 
@@ -125,7 +127,7 @@ def parse_squeue(out: str) -> Dict[str, JobState]:
 QUERY_TIMEOUT_S = 8.0
 
 
-def _squeue(ids: list) -> Optional[Dict[str, JobState]]:
+def _squeue(ids: list) -> Optional[Dict[str, SlurmState]]:
     # -t all: a job that just ended is still listed (COMPLETING, CANCELLED ...) for MinJobAge
     out = ask(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-O", SQUEUE_FORMAT], timeout_s=QUERY_TIMEOUT_S)
     return None if out is None else parse_squeue(out)
@@ -135,13 +137,13 @@ def _squeue(ids: list) -> Optional[Dict[str, JobState]]:
 class Answer:
     """What one query of SLURM told: the state of every job it could tell, and which daemon did not answer."""
 
-    states: Dict[str, JobState] = field(default_factory=dict)
+    states: Dict[str, SlurmState] = field(default_factory=dict)
     # "slurmctld": the queue (squeue) did not answer; "slurmdbd": the queue did, without a job, and accounting
     # (sacct) did not; None: both answered what was asked
     unanswered: Optional[str] = None
 
 
-def job_states(job_ids: Iterable[str], accounting: bool = True) -> Dict[str, JobState]:
+def job_states(job_ids: Iterable[str], accounting: bool = True) -> Dict[str, SlurmState]:
     """The state of every job the queries could tell; a job whose state is unknown right now is left out."""
     return query(job_ids, accounting).states
 
@@ -165,7 +167,7 @@ def query(job_ids: Iterable[str], accounting: bool = True) -> Answer:
         elif record is not None:
             states[job_id] = record
         elif queued is not None and (accounted is not None or not accounting):
-            states[job_id] = JobState(GONE)
+            states[job_id] = SlurmState(GONE)
     unanswered = "slurmctld" if queued is None else "slurmdbd" if accounting and ended and accounted is None else None
     return Answer(states, unanswered)
 

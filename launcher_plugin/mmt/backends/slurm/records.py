@@ -61,7 +61,7 @@ def refresh(record: JobRecord, registry: Registry) -> JobRecord:
 
 
 def _note_queue(
-    attempt: Attempt, job_id: str, current: queue.JobState, view: Optional[SchedulerRecord]
+    attempt: Attempt, job_id: str, current: queue.SlurmState, view: Optional[SchedulerRecord]
 ) -> Optional[str]:
     """scheduler.json brought up to date with the queue's answer; the one line of :mod:`pending` when the job waits
     for a reason that never resolves (checked when the reason is first seen, by this process or the launcher)."""

@@ -16,6 +16,7 @@ import contextlib
 import os
 import pickle
 import re
+import shlex
 import signal
 import socket
 import sys
@@ -140,7 +141,7 @@ def requeue_env(facts: Mapping[str, str], attempt: Attempt, max_requeues: int, i
     return {
         preemption.PREEMPTIBLE_VAR: "1",
         preemption.MAX_REQUEUES_VAR: str(max_requeues),
-        preemption.JOB_ID_VAR: facts["job_id"],
+        preemption.REQUEUE_COMMAND_VAR: shlex.join(["scontrol", "requeue", facts["job_id"]]),
         preemption.RESTARTS_VAR: str(restarts),
         preemption.MARKER_VAR: str(attempt.requeued_file(restarts)),
         preemption.ACK_VAR: str(attempt.dir / f"requeue-signal.{restarts}.{index}"),

@@ -1,0 +1,121 @@
+"""The watch stage: follow every job to its end, polling its backend, following rank 0's log on the console,
+acting on signals (stop every job; a second one hurries; a hangup detaches or stops) and on `mmt stop`, and
+concluding each job as it ends (or restarting it)."""
+
+import signal
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from mmt.backends.base import JobTracker
+from mmt.core.jobdir import JobDir
+from mmt.core.states import ConsoleMode, JobState
+from mmt.launching.conclude import conclude
+from mmt.launching.console import Console, LogFollower
+from mmt.launching.jobs import LaunchOptions, LaunchReport, Watched
+from mmt.launching.restart import cancel_restart, may_restart, restart, schedule_restart
+from mmt.launching.signals import SignalTrap
+from mmt.monitor.progress import ProgressView
+from mmt.planning.plan import JobPlan
+from mmt.records.registry import Registry
+
+_TICK_S = 0.05
+
+
+def watch(
+    watched: List[Watched],
+    backend: JobTracker[Any],
+    options: LaunchOptions,
+    console: Console,
+    trap: SignalTrap,
+    *,
+    on_hangup: str,
+    on_interrupt: str,
+    deadline: Optional[float] = None,
+) -> LaunchReport:
+    report = LaunchReport(jobs=[])
+    interrupted = killed = False
+    next_stop_check = 0.0
+    progress = ProgressView.for_plans(console, [item.plan for item in watched])
+    while any(item.report is None for item in watched):
+        if deadline is not None and time.monotonic() >= deadline:
+            report.detached = [item.plan.name for item in watched if item.report is None]
+            break
+        if trap.received is not None and not interrupted:
+            interrupted = True
+            report.interrupted_by = trap.received
+            action = on_hangup if trap.received == signal.SIGHUP else on_interrupt
+            if action == "detach":
+                report.detached = [item.plan.name for item in watched if item.report is None]
+                _mark_detached(options.registry, report.detached)
+                break
+            for item in watched:
+                if item.report is None:
+                    backend.cancel(item.handle, f"the launcher received {trap.name}")
+        if trap.urgent and not killed:
+            killed = True
+            for item in watched:
+                if item.report is None:
+                    backend.kill(item.handle)
+        backend.wait(_TICK_S)
+        for notice in backend.drain_notices():
+            console.write(notice + "\n")
+        check_stops = time.monotonic() >= next_stop_check
+        if check_stops:
+            next_stop_check = time.monotonic() + 0.5
+        states: Dict[int, str] = {}
+        for item in watched:
+            if item.report is not None:
+                states[item.plan.num] = item.report.outcome.status.value
+                continue
+            if item.failed_run is not None:  # between a failure and its restart
+                assert item.claim is not None
+                if interrupted or (check_stops and item.claim.stop_requested()):
+                    item.report = conclude(item, cancel_restart(item), console, options.registry)
+                elif item.restart_at is not None and time.monotonic() >= item.restart_at:
+                    restart(item, backend, console, options.registry)
+                states[item.plan.num] = item.report.outcome.status.value if item.report else JobState.RUNNING.value
+                continue
+            status = backend.poll(item.handle)
+            if status.state != JobState.PENDING and not item.running_seen:
+                item.running_seen = True
+                item.followers = _followers(item.plan, options.console, console)
+                if options.registry is not None:
+                    options.registry.update(item.plan.name, state=JobState.RUNNING.value, started_at=time.time())
+            for follower in item.followers:
+                follower.poll()
+            if status.outcome is not None:
+                if not interrupted and may_restart(item, status.outcome):
+                    schedule_restart(item, status.outcome, console, options.registry)
+                else:
+                    item.report = conclude(item, status.outcome, console, options.registry)
+            elif check_stops and item.claim is not None and item.claim.stop_requested():
+                backend.cancel(item.handle, "stopped on request (mmt stop)")
+            states[item.plan.num] = item.report.outcome.status.value if item.report else status.state.value
+        progress.update(states)
+    progress.close()
+    for notice in backend.drain_notices():  # what the last poll said (how a job concluded while SLURM was silent)
+        console.write(notice + "\n")
+    report.jobs = [item.report for item in watched if item.report is not None]
+    return report
+
+
+def _mark_detached(registry: Optional[Registry], names: List[str]) -> None:
+    if registry is not None:
+        for name in names:
+            registry.update(name, detached=True)
+
+
+def _followers(plan: JobPlan, mode: ConsoleMode, console: Console) -> List[LogFollower]:
+    if mode == ConsoleMode.none:
+        return []
+    job_dir = JobDir(Path(plan.job_dir))
+    places = plan.places() if mode == ConsoleMode.all else plan.places()[:1]
+    return [
+        LogFollower(
+            job_dir.log(p.node_rank, p.rank, plan.per_node),
+            f"[#{plan.num} n{p.node_rank}" + ("" if plan.per_node else f" r{p.rank}") + "] ",
+            console,
+        )
+        for p in places
+    ]
