@@ -70,7 +70,6 @@ class RankFailure:
             return f"the command on node {self.node_rank} {how}"
         return f"rank {self.rank} (node {self.node_rank}) {how}"
 
-
     def brief(self) -> str:
         """Who failed and how, in a few words (``rank 1 exited with code 5``): a status line's, not the report's."""
         who = f"node {self.node_rank}" if self.whole_node else f"rank {self.rank}"
