@@ -45,7 +45,9 @@
 #                         when a node is lost                        (3)
 #   MMT_SLURM_CPUS        CPUs declared per node                     (4)
 #   MMT_SLURM_PORT0       first port: slurmctld=+1, slurmdbd=+2, mariadb=+3, slurmd nodeX=+10+X
-#                                                                    (16800)
+#                         (7800: below 10000-32767, where mmt derives a job's MASTER_PORT and
+#                         framework ports from its job id; the daemons' ports there failed the
+#                         jobs whose ids map onto them, once a big sweep took the ids that far)
 #   MMT_SLURM_ACCOUNTING  1 = slurmdbd + MariaDB (sacct works), 0 = none   (1)
 #   MMT_SLURM_PARTITION   name of the single (default) partition     (debug)
 #   MMT_SLURM_CLUSTER     ClusterName                                (mmt)
@@ -63,7 +65,7 @@ BASE=${MMT_SLURM_BASE:-/tmp/mmt-slurm}
 NODES=${MMT_SLURM_NODES:-3}
 NODE_TIMEOUT=${MMT_SLURM_NODE_TIMEOUT:-10}
 CPUS=${MMT_SLURM_CPUS:-4}
-PORT0=${MMT_SLURM_PORT0:-16800}
+PORT0=${MMT_SLURM_PORT0:-7800}
 ACCOUNTING=${MMT_SLURM_ACCOUNTING:-1}
 PARTITION=${MMT_SLURM_PARTITION:-debug}
 CLUSTER=${MMT_SLURM_CLUSTER:-mmt}

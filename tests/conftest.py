@@ -35,6 +35,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(folder)
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker("slurm")
+    # the Ray tests last: their cluster starts with the first of them, and its daemons then never share the host's
+    # two cores with the timing-sensitive tests of the other backends
+    on_ray = [item for item in items if "ray_cluster" in getattr(item, "fixturenames", ())]
+    if on_ray:
+        items[:] = [item for item in items if "ray_cluster" not in getattr(item, "fixturenames", ())] + on_ray
 
 
 @pytest.fixture
@@ -111,3 +116,39 @@ def shared_recipes(tmp_path_factory) -> Path:
     """The fixture recipe package (tests/fixtures/shared_recipes) installed into a fresh directory, as pip
     would install a shared recipe repo; put the returned path on PYTHONPATH to use it."""
     return install_shared_recipes(tmp_path_factory.mktemp("shared_recipes"))
+
+
+# ------------------------------------------------------------------------------------------------ Ray cluster
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """The project's Ray test cluster on this host (scripts/ray_cluster.sh: a head and three workers, a 2-node job
+    and a spare), started for the tests (and stopped if we started it); its address exported as
+    RAY_API_SERVER_ADDRESS, which cluster=ray reads.
+
+    Skips where Ray is not installed (scripts/setup_ray.sh) or its cluster cannot start here; with MMT_REQUIRE_RAY=1
+    (CI) it fails instead."""
+    import importlib.util
+
+    required = os.environ.get("MMT_REQUIRE_RAY") == "1"
+    script = str(TESTS.parent / "scripts" / "ray_cluster.sh")
+    why = None
+    if importlib.util.find_spec("ray") is None:
+        why = "Ray is not installed here (scripts/setup_ray.sh installs it)"
+    started_here = False
+    if why is None and subprocess.run([script, "status"], capture_output=True).returncode != 0:
+        start = subprocess.run([script, "start"], capture_output=True, text=True, timeout=300)
+        started_here = True
+        if start.returncode != 0:
+            why = f"could not start the Ray test cluster: {start.stderr[-2000:]}"
+    if why:
+        if required:
+            pytest.fail(f"Ray required (MMT_REQUIRE_RAY=1) but {why}")
+        pytest.skip(why)
+    out = subprocess.run([script, "env"], capture_output=True, text=True, check=True).stdout
+    env = dict(line.removeprefix("export ").split("=", 1) for line in out.split("\n") if line.startswith("export "))
+    os.environ.update(env)
+    yield env
+    if started_here:
+        subprocess.run([script, "stop"], capture_output=True, timeout=120)

@@ -25,8 +25,8 @@ LIGHTNING_ONLY = {
     "teamspace": "there are no teamspaces: jobs are this user's, in the registry ($MMT_HOME)",
     "org": "there are no organisations: jobs are this user's",
     "user": "there are no organisations: jobs are this user's",
-    "cloud": "pick the cluster with cluster='local' | 'slurm' | <your site config>",
-    "cloud_account": "mmt runs on this host or on SLURM: use cluster='local' | 'slurm' | <your site config>",
+    "cloud": "pick the cluster with cluster='local' | 'slurm' | 'ray' | <your site config>",
+    "cloud_account": "mmt runs on this host or on SLURM: use cluster='local' | 'slurm' | 'ray' | <your site config>",
     "interruptible": "preemption is SLURM's: mmt requeues on its signal (hydra.launcher.max_requeues)",
     "image_credentials": "the cluster's container runtime pulls images with its own credentials",
     "cloud_account_auth": "the cluster's container runtime pulls images with its own credentials",
@@ -114,6 +114,7 @@ class Job(RegisteredJob):
         max_run_attempts: int = 1,
         env_from: Optional[List[str]] = None,
         overrides: Optional[List[str]] = None,
+        after: Optional[List[Union["Job", str]]] = None,
         **lightning: Any,
     ) -> "Job":
         """Submit ``command`` on ``num_machines`` nodes of ``machine`` and return at once.
@@ -122,7 +123,8 @@ class Job(RegisteredJob):
         ...)``). ``max_runtime``: seconds (Lightning's), or a duration such as "90m", "1h30m", "3600s", before the job
         is stopped; ``devices``: processes per node; ``env_from``: names of variables copied from this process's
         environment (secrets never pass through arguments or files); ``overrides``: more Hydra overrides, e.g. site
-        settings. ``max_run_attempts``: Lightning's meaning, attempts = restarts after a failure + 1 (cluster=local).
+        settings. ``max_run_attempts``: Lightning's meaning, attempts = restarts after a failure + 1. ``after``: jobs
+        (or their names) this one starts after, once every one has completed; it is cancelled when one does not.
         Lightning's parameters that mean nothing here are accepted with their defaults (None,
         ``interruptible=False`` ...) and refused otherwise, each with mmt's equivalent.
         """
@@ -160,6 +162,7 @@ class Job(RegisteredJob):
             timeout_min=seconds / 60.0 if seconds is not None else None,
             max_restarts=max_run_attempts - 1 if max_run_attempts > 1 else None,
             overrides=list(overrides or []),
+            after=[job.name if isinstance(job, Job) else str(job) for job in after or []],
             detach=True,
         )
         submitted = run(spec)

@@ -159,7 +159,8 @@ def test_ctrl_c_while_jobs_are_being_submitted_leaves_no_job_unknown_or_unreport
     env = app_env(tag, PATH=f"{slow}:{os.environ['PATH']}")
     before = set(_squeue().split())
     launcher = subprocess.Popen(
-        app_command(*SLURM_PROBE, "num_nodes=1", "recipe.hold_s=60", "+x=1,2,3", sweep_dir=tmp_path),
+        # jobs of different sizes: an sbatch each (jobs alike would go out as one job array, in one sbatch)
+        app_command(*SLURM_PROBE, "num_nodes=1,2,3", "recipe.hold_s=60", sweep_dir=tmp_path),
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,

@@ -218,32 +218,34 @@ def test_sigterm_to_an_attached_launcher_cancels_its_jobs_like_ctrl_c(tmp_path, 
 
 
 def test_a_launcher_killed_mid_submit_leaves_no_job_pending_forever(tmp_path, tag):
+    """Three submissions (jobs 0-1 alike: one job array; job 2 of 2 nodes, job 3 of 3: one job each); the launcher
+    is killed as it is about to make the third."""
     prefix = f"cut-{tag[:6]}"
     killed_at_submit(
         app_command(
             "cluster=slurm",
             "recipe=probe",
-            "num_nodes=1",
+            "num_nodes=1,1,2,3",
             "devices=1",
-            "+x=range(0,6)",
             f"hydra.launcher.name={prefix}",
             sweep_dir=tmp_path,
         ),
         2,
         tag,
         backend="mmt.backends.slurm.backend:SlurmBackend",
+        method="_submit_group",
     )
     listed = mmt("list", "--json")
     assert listed.returncode == 0, listed.stderr
     records = registered(prefix)
     submitted = {name: r["scheduler_id"] for name, r in records.items() if r["scheduler_id"]}
     cut_off = sorted(set(records) - set(submitted))
-    assert len(records) == 6 and len(submitted) == 2 and len(cut_off) == 4, records
-    # every SLURM job of the launch is one the registry knows
+    assert len(records) == 4 and len(submitted) == 3 and cut_off == [f"{prefix}-3"], records
+    assert submitted[f"{prefix}-0"].endswith("_0") and submitted[f"{prefix}-1"].endswith("_1")
+    # every SLURM job of the launch is one the registry knows (SLURM's job names: the array's, then job 2's)
+    names = f"mmt-{prefix}-0-array,mmt-{prefix}-2,mmt-{prefix}-3"
     named = subprocess.run(
-        ["squeue", "-h", "-t", "all", "-n", ",".join(f"mmt-{name}" for name in records), "-o", "%i"],
-        capture_output=True,
-        text=True,
+        ["squeue", "-h", "-r", "-t", "all", "-n", names, "-o", "%i"], capture_output=True, text=True
     ).stdout.split()
     assert sorted(named) == sorted(submitted.values())
     rows = {row["name"]: row for row in json.loads(listed.stdout)}
@@ -264,9 +266,8 @@ def test_a_job_submitted_just_before_its_launcher_died_is_found_again(tmp_path, 
     done = run_app(
         "cluster=slurm",
         "recipe=probe",
-        "num_nodes=1",
+        "num_nodes=1,1,2",  # jobs 0-1: a job array's tasks; job 2: a job of its own
         "devices=1",
-        "+x=0,1",
         "recipe.hold_s=5",
         "hydra.launcher.detach=true",
         f"hydra.launcher.name={prefix}",
@@ -276,15 +277,16 @@ def test_a_job_submitted_just_before_its_launcher_died_is_found_again(tmp_path, 
     )
     assert done.returncode == 0, done.stderr[-3000:]
     ids = {name: record["scheduler_id"] for name, record in registered(prefix).items()}
-    assert len(ids) == 2 and all(ids.values())
-    # what a launcher killed between sbatch and saving the id leaves: no id in the registry; for job 1, none in the
-    # job dir's owner.json either (killed before it wrote that too)
+    assert len(ids) == 3 and all(ids.values())
+    # what a launcher killed between sbatch and saving the id leaves: no id in the registry; for jobs 1 and 2, none
+    # in the job dir's owner.json either (killed before it wrote that too)
     from mmt.records.registry import Registry
 
     with closing(sqlite3.connect(Registry().path, timeout=30)) as db, db:
         db.execute("UPDATE jobs SET scheduler_id = NULL WHERE name LIKE ?", (prefix + "%",))
-    owner = tmp_path / "1" / ".mmt" / "owner.json"
-    owner.write_text(json.dumps({k: v for k, v in json.loads(owner.read_text()).items() if k != "scheduler_id"}))
+    for job in (1, 2):
+        owner = tmp_path / str(job) / ".mmt" / "owner.json"
+        owner.write_text(json.dumps({k: v for k, v in json.loads(owner.read_text()).items() if k != "scheduler_id"}))
     rows = {row["name"]: row for row in json.loads(mmt("list", "--json").stdout)}
     assert {name: rows[name]["scheduler_id"] for name in ids} == ids
     assert {rows[name]["status"] for name in ids} <= {"Pending", "Running"}

@@ -53,21 +53,22 @@ def registry_files_holding(needle: str) -> List[str]:
 
 # A launcher SIGKILLed mid-submit (as the OOM killer might). Watching the registry from outside and killing on the
 # first record comes too late on a busy host: locally four jobs are submitted within milliseconds of being
-# registered. The launcher kills its own process group instead, the moment it is about to hand job ``nth`` to its
-# backend: jobs 0..nth-1 submitted, the rest registered and never submitted.
+# registered. The launcher kills its own process group instead, the moment it is about to hand submission ``nth``
+# to its scheduler (``method``: a job locally, a group of jobs alike, one sbatch, on SLURM): the submissions before
+# it made, the rest registered and never submitted.
 KILLED_AT_SUBMIT = """
 import os, runpy, signal, sys
 from {module} import {backend} as Backend
 
-submit, calls = Backend.submit, []
+submit, calls = Backend.{method}, []
 
 def submit_until_killed(self, submission):
-    calls.append(submission.plan.num)
+    calls.append(submission)
     if len(calls) == {nth} + 1:
         os.killpg(0, signal.SIGKILL)
     return submit(self, submission)
 
-Backend.submit = submit_until_killed
+Backend.{method} = submit_until_killed
 sys.argv = sys.argv[1:]
 sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as if the app were run itself: its dir first
 runpy.run_path(sys.argv[0], run_name="__main__")
@@ -75,13 +76,18 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def killed_at_submit(
-    command: List[str], nth: int, tag: str, backend: str = "mmt.backends.local.backend:LocalBackend"
+    command: List[str],
+    nth: int,
+    tag: str,
+    backend: str = "mmt.backends.local.backend:LocalBackend",
+    method: str = "submit",
 ) -> None:
-    """Run the app ``command`` (``python train.py -m ...``) until it kills itself about to submit job ``nth``."""
+    """Run the app ``command`` (``python train.py -m ...``) until it kills itself about to make submission ``nth``
+    (``backend``'s ``method``)."""
     module, name = backend.split(":")
     with tempfile.TemporaryDirectory() as scratch:
         wrapper = Path(scratch) / "killed_at_submit.py"
-        wrapper.write_text(KILLED_AT_SUBMIT.format(module=module, backend=name, nth=nth))
+        wrapper.write_text(KILLED_AT_SUBMIT.format(module=module, backend=name, nth=nth, method=method))
         launcher = subprocess.run(
             [sys.executable, str(wrapper), *command[1:]],
             cwd=REPO,

@@ -72,6 +72,7 @@ def test_the_folders_show_the_stages_and_the_processes():
     assert {p.name for p in (PACKAGE / "backends").iterdir() if p.is_dir() and not p.name.startswith("_")} == {
         "local",
         "slurm",
+        "ray",
     }
     plugin = REPO / "launcher_plugin" / "hydra_plugins" / "mmt_launcher"
     assert sorted(p.name for p in plugin.glob("*.py")) == [

@@ -151,4 +151,4 @@ def test_an_unknown_backend_name_is_one_line(tmp_path: Path) -> None:
     cfg.backend = "kubernetes"
     with pytest.raises(ConfigError) as error:
         prepare.make_backend(cfg)
-    assert "hydra.launcher.backend" in str(error.value) and "local, slurm" in str(error.value)
+    assert "hydra.launcher.backend" in str(error.value) and "local, ray, slurm" in str(error.value)

@@ -371,7 +371,7 @@ def test_a_lightning_flag_is_not_taken_for_a_longer_one(home: Path, capsys) -> N
     code, _, err = _cli(capsys, "run", "--command", "true", "--cloud-account", "acct")
     assert code == 2 and _one_line(err) == (
         "mmt: --cloud-account is a Lightning AI flag that mmt does not have. HINT: "
-        "mmt runs on this host or on SLURM: use --cluster local|slurm|<site "
+        "mmt runs on this host or on SLURM: use --cluster local|slurm|ray|<site "
         "config>"
     )
     code, _, err = _cli(capsys, "run", "--command", "true", "--interruptible")  # Lightning's is a flag, no value
@@ -444,7 +444,7 @@ def test_planner_errors_name_the_flag_that_was_typed(home: Path, capsys) -> None
 
 @pytest.mark.parametrize(
     "flag, typed, listed, close",
-    [("--machine", "A100X8", "a100, a100_x_2", "a100_x_8"), ("--cluster", "slrum", "local, slurm", "slurm")],
+    [("--machine", "A100X8", "a100, a100_x_2", "a100_x_8"), ("--cluster", "slrum", "local, ray, slurm", "slurm")],
 )
 def test_a_mistyped_machine_or_cluster_is_one_line_listing_what_exists(
     home: Path,

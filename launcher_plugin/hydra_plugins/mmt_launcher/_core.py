@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
+from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -140,6 +141,7 @@ def _launch(
     prepare.warm_up(backend, config)  # again, should the agent have gone since the last batch
     jobs: Dict[int, prepare.HydraJob] = {}
     refused: Dict[int, InvalidJobError] = {}
+    singleton_state = Singleton.get_state()  # the same for every job of the batch
     for i, overrides in enumerate(job_overrides):
         num = initial_job_idx + i
         try:
@@ -150,6 +152,7 @@ def _launch(
                 backend=backend,
                 overrides=overrides,
                 num=num,
+                singleton_state=singleton_state,
             )
             if not job.prepared.plan.dry_run:
                 engine.refuse_unrunnable(backend, [job.prepared.plan])

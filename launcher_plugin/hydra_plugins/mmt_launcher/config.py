@@ -1,4 +1,4 @@
-"""Launcher configs, stored in Hydra's ConfigStore as ``hydra/launcher=mmt_local`` and ``mmt_slurm``.
+"""Launcher configs, stored in Hydra's ConfigStore as ``hydra/launcher=mmt_local``, ``mmt_slurm`` and ``mmt_ray``.
 
 Imported during Hydra's plugin discovery (by every Hydra app on this interpreter): standard library, Hydra,
 OmegaConf and the standard-library-only facts of ``mmt.core`` (the launch id, the enums).
@@ -107,6 +107,12 @@ class JobConf:
     # Python rank's stack is written to <job dir>/stacks/ and the job fails (and so may restart); null = off. The
     # top-level key is the recipe's (recipe=lm sets 10): it does not apply to a command run instead of the recipe
     hang_timeout_min: Any = "${oc.select:hang_timeout_min,null}"
+    # jobs each job of the launch waits for: registered job names, or launch names (hydra.launcher.name: each of its
+    # jobs <name>-<n>). A job starts once all of them COMPLETED, and ends CANCELLED when one ends otherwise
+    after: List[str] = field(default_factory=list)
+    # most jobs of the launch running at once (SLURM: %N on its job arrays; local: beside max_parallel_ranks);
+    # null = no limit
+    max_parallel_jobs: Optional[int] = None
 
 
 @dataclass
@@ -163,5 +169,29 @@ class SlurmLauncherConf(JobConf):
     poll_interval_s: float = 1.0
 
 
+@dataclass
+class RayLauncherConf(JobConf):
+    """Each job is one Ray job, submitted through Ray's job submission API; its nodes one placement group."""
+
+    _target_: str = "hydra_plugins.mmt_launcher.mmt_launcher.MMTRayLauncher"
+    # the backend that runs the jobs: a name in mmt.backends.registry (set by the launcher config you select)
+    backend: str = "ray"
+    # the Ray dashboard, which serves the job submission API: http://<head>:8265; null = $RAY_API_SERVER_ADDRESS,
+    # else $RAY_ADDRESS (as `ray job submit`)
+    address: Optional[str] = None
+    # CPUs of each node's placement-group bundle (its Ray node's); null = the machine's cpus
+    cpus_per_node: Optional[float] = None
+    # GPUs of each node's bundle; null = the machine's GPU count
+    gpus_per_node: Optional[int] = None
+    # custom Ray resources of each node's bundle: {name: amount}
+    resources_per_node: Dict[str, float] = field(default_factory=dict)
+    # Ray's runtime env of the job's driver and node agents: working_dir (a directory here, uploaded, or a URI;
+    # null = the launcher's working dir, on a filesystem every node shares), pip (requirements), env_vars
+    runtime_env: Dict[str, Any] = field(default_factory=lambda: {"working_dir": None, "pip": [], "env_vars": {}})
+    # seconds between questions to Ray's job API; the job dir is read every 0.1 s regardless
+    poll_interval_s: float = 1.0
+
+
 ConfigStore.instance().store(group="hydra/launcher", name="mmt_local", node=LocalLauncherConf, provider="mmt_launcher")
 ConfigStore.instance().store(group="hydra/launcher", name="mmt_slurm", node=SlurmLauncherConf, provider="mmt_launcher")
+ConfigStore.instance().store(group="hydra/launcher", name="mmt_ray", node=RayLauncherConf, provider="mmt_launcher")

@@ -62,3 +62,7 @@ class MMTLocalLauncher(MMTLauncher):
 
 class MMTSlurmLauncher(MMTLauncher):
     """``hydra/launcher=mmt_slurm`` (``cluster=slurm``): one SLURM job of N nodes per sweep job."""
+
+
+class MMTRayLauncher(MMTLauncher):
+    """``hydra/launcher=mmt_ray`` (``cluster=ray``): one Ray job per sweep job, its nodes one placement group."""

@@ -14,7 +14,7 @@ Every backend is reached by its ``cluster=`` name through :mod:`mmt.backends.reg
 import abc
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, List, Mapping, Optional, Sequence, TypeVar
+from typing import Any, ClassVar, Generic, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from omegaconf import DictConfig
 
@@ -25,6 +25,18 @@ from mmt.planning.plan import JobPlan, Limits
 from mmt.records.outcome import JobOutcome
 from mmt.records.registry import JobRecord, Registry
 from mmt.records.schema import OwnerRecord
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """A job another one waits for (``hydra.launcher.after``), as the registry knows it."""
+
+    name: str
+    backend: str
+    job_dir: str
+    attempt: str
+    # the scheduler's id (SLURM: ``--dependency=afterok:<id>``), once submitted
+    scheduler_id: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,8 @@ class Submission:
     # earlier runs used (the limit is the job's, not each run's)
     restart: int = 0
     time_used_s: float = 0.0
+    # the jobs it starts after (every one COMPLETED), resolved from plan.after
+    after: Tuple[Dependency, ...] = ()
 
 
 @dataclass
@@ -138,9 +152,21 @@ class Backend(JobTracker[H]):
         when it changed. A job whose launcher died before it could run is concluded FAILED, saying so."""
 
     @classmethod
+    def refresh_all(cls, records: Sequence[JobRecord], registry: Registry) -> List[JobRecord]:
+        """Many registered jobs that are not final, brought up to date as by :meth:`refresh`; a backend may ask its
+        scheduler once for all of them (SLURM: one squeue and one sacct)."""
+        return [cls.refresh(record, registry) for record in records]
+
+    @classmethod
     @abc.abstractmethod
     def stop(cls, record: JobRecord) -> str:
         """Ask a registered job to stop, from any process; returns what was done, as a line for the user."""
+
+    @classmethod
+    def stop_all(cls, records: Sequence[JobRecord]) -> List[str]:
+        """Ask many registered jobs to stop (every job of a launch); a backend may ask its scheduler once for all
+        of them (SLURM: one scancel). Returns what was done, as lines for the user."""
+        return [cls.stop(record) for record in records]
 
     @property
     @abc.abstractmethod
@@ -158,6 +184,14 @@ class Backend(JobTracker[H]):
     @abc.abstractmethod
     def submit(self, submission: Submission) -> H:
         """Accept a job; it may start now or wait for capacity."""
+
+    def submit_all(self, submissions: Sequence[Submission]) -> Iterator[List[Tuple[Submission, H]]]:
+        """Accept the jobs of one launch, in batches: each batch the backend accepted at once, every submission with
+        its handle, as soon as it is accepted (so that a launch that fails or is interrupted part-way knows which
+        it has to cancel). A backend may group them (SLURM: one job array per group of jobs that share their
+        resources); by default one at a time, in order."""
+        for submission in submissions:
+            yield [(submission, self.submit(submission))]
 
     # whether warm_up starts anything (the local host agent): the front end then works out what it may preload
     warms_up: ClassVar[bool] = False

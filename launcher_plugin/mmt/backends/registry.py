@@ -12,6 +12,7 @@ from mmt.backends.base import Backend
 BACKENDS: Dict[str, str] = {
     "local": "mmt.backends.local.backend:LocalBackend",
     "slurm": "mmt.backends.slurm.backend:SlurmBackend",
+    "ray": "mmt.backends.ray.backend:RayBackend",
 }
 
 

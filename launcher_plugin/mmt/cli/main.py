@@ -27,7 +27,7 @@ _LIGHTNING_FLAGS: Dict[str, Dict[str, Optional[str]]] = {
         "org": None,
         "user": None,
         "cloud": "pick the cluster with --cluster local|slurm|<site config>",
-        "cloud-account": "mmt runs on this host or on SLURM: use --cluster local|slurm|<site config>",
+        "cloud-account": "mmt runs on this host or on SLURM: use --cluster local|slurm|ray|<site config>",
         "interruptible": None,
         "image-credentials": None,
         "cloud-account-auth": None,
@@ -62,6 +62,7 @@ _FLAG_OF = {
         "command_mode": "--command-mode",
         "max_runtime": "--max-runtime",
         "max_restarts": "--max-restarts",
+        "after": "--after",
         "name": "--name",
     },
     "logs": {"rank": "--rank", "tail": "--tail"},
@@ -105,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="copy this variable from this shell's environment (secrets stay off the command line)",
     )
-    run.add_argument("--cluster", default="local", help="local | slurm | a site config in ./conf/cluster/")
+    run.add_argument("--cluster", default="local", help="local | slurm | ray | a site config in ./conf/cluster/")
     run.add_argument("--devices", type=int, help="processes per machine (default: its GPUs, 1 on CPU machines)")
     run.add_argument(
         "--command-mode",
@@ -115,6 +116,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--max-runtime", metavar="DURATION", help="stop the job after this long: seconds (3600), or 90m, 1h30m, 2h ..."
+    )
+    run.add_argument(
+        "--after",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="start only once this registered job (or every job of this launch) has completed; repeatable",
     )
     run.add_argument(
         "--max-restarts",
@@ -159,8 +167,8 @@ def _parser() -> argparse.ArgumentParser:
         help="the log's bytes as written, control sequences included (default: as the console shows them)",
     )
 
-    stop = verbs.add_parser("stop", help="stop a running job", allow_abbrev=False)
-    stop.add_argument("name")
+    stop = verbs.add_parser("stop", help="stop a running job, or every job of a launch", allow_abbrev=False)
+    stop.add_argument("name", help="a job's name, or a launch's (hydra.launcher.name): every job of it")
 
     wait = verbs.add_parser(
         "wait", help="re-attach: follow a job until it ends; its exit status is the job's", allow_abbrev=False
@@ -251,6 +259,7 @@ def _run(args: argparse.Namespace) -> int:
         command_mode=args.command_mode,
         timeout_min=seconds / 60.0 if seconds is not None else None,
         max_restarts=args.max_restarts,
+        after=args.after,
         dry_run=args.dry_run,
         detach=args.detach,
         overrides=args.overrides + (["hydra.launcher.dashboard=true"] if args.dashboard else []),
@@ -293,10 +302,10 @@ def _list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from mmt.records.registry import Registry
-    from mmt.service.status import refresh
+    from mmt.service.status import refresh_all
 
     registry = Registry()
-    records = [refresh(r, registry) for r in registry.list(since=None if args.all else time.time() - 7 * 86400)]
+    records = refresh_all(registry.list(since=None if args.all else time.time() - 7 * 86400), registry)
     rows = _rows(records)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -304,7 +313,14 @@ def _list(args: argparse.Namespace) -> int:
     table = Table(box=None, header_style="bold")
     for column in ("NAME", "STATUS", "CLUSTER", "MACHINE", "NODES x DEV", "RESTARTS", "CREATED", "DURATION", "METRIC"):
         table.add_column(column)
-    colours = {"Completed": "green", "Failed": "red", "Running": "cyan", "Stopped": "yellow"}
+    colours = {
+        "Completed": "green",
+        "Failed": "red",
+        "Running": "cyan",
+        "Restarting": "magenta",
+        "Stopped": "yellow",
+        "Cancelled": "yellow",
+    }
     for row in rows:
         status = row["status"]
         note = f" ({escape(row['note'])})" if row["note"] else ""
@@ -396,10 +412,10 @@ def _logs(args: argparse.Namespace) -> int:
 
 def _stop(args: argparse.Namespace) -> int:
     from mmt.records.registry import Registry
-    from mmt.service.status import refresh, stop
+    from mmt.service.status import stop_named
 
-    registry = Registry()
-    print(stop(refresh(registry.require(args.name), registry)))
+    for line in stop_named(args.name, Registry()):
+        print(line)
     return 0
 
 

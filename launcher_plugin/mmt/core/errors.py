@@ -123,6 +123,17 @@ class JobInterruptedError(MMTError):
         return (JobInterruptedError, (self.job, self.reason))
 
 
+class JobCancelledError(MMTError):
+    """The job never ran: a job it waits for (hydra.launcher.after) ended without completing."""
+
+    def __init__(self, job: str, reason: str) -> None:
+        self.job, self.reason = job, reason
+        super().__init__(f"{job}: {reason}")
+
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
+        return (JobCancelledError, (self.job, self.reason))
+
+
 class JobFailedError(MMTError):
     """The job could not run to its end for a reason outside its processes (the host agent was killed ...)."""
 

@@ -284,6 +284,10 @@ class SweepDir:
             return []
 
 
+# how recent a launcher's mark on an attempt it follows must be (Attempt.watched)
+WATCHED_FRESH_S = 6.0
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One launch of a job: its payload and the records of its processes, in a dir of its own."""
@@ -324,6 +328,12 @@ class Attempt:
     def cluster_task(self) -> Path:
         """What each task of a cluster job runs (``mmt.backends.slurm.task``), with the secrets it copies."""
         return self.dir / "task.pkl"
+
+    @property
+    def array_task(self) -> Path:
+        """Which task of a job array runs the job (the array's job name, the task's index), written before sbatch:
+        how a launcher killed before it saved the SLURM id is followed by a job that is found again."""
+        return self.dir / "array_task.json"
 
     # what processes report (error and exit records are typed, read and written by mmt.records.schema) ----------
     def error_file(self, index: int) -> Path:
@@ -391,6 +401,13 @@ class Attempt:
     @property
     def concluded(self) -> Path:
         return self.dir / "concluded"
+
+    @property
+    def watched(self) -> Path:
+        """Touched every WATCHED_FRESH_S / 3 while a launcher follows the attempt to its end: a job that ends well
+        while it is fresh is concluded by that launcher (or, should it die in that moment, by the next ``mmt list``),
+        not by a last step of its own. A killed launcher's mark goes stale within WATCHED_FRESH_S."""
+        return self.dir / "watched"
 
     def write_done(self, index: int, code: int) -> None:
         write_atomic(self.done_file(index), str(code).encode(), private=True)

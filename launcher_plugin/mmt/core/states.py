@@ -8,7 +8,7 @@ import enum
 
 
 class JobState(str, enum.Enum):
-    """Where a job is. The last four are final; ``result.json`` holds one of them."""
+    """Where a job is. The last five are final; ``result.json`` holds one of them."""
 
     PENDING = "PENDING"  # accepted, not started (waiting for capacity here, or in SLURM's queue)
     RUNNING = "RUNNING"
@@ -18,6 +18,7 @@ class JobState(str, enum.Enum):
     FAILED = "FAILED"
     TIMEOUT = "TIMEOUT"
     INTERRUPTED = "INTERRUPTED"
+    CANCELLED = "CANCELLED"  # never ran: a job it waits for (hydra.launcher.after) ended without completing
 
     @property
     def final(self) -> bool:
@@ -27,7 +28,9 @@ class JobState(str, enum.Enum):
         return self.value
 
 
-FINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.TIMEOUT, JobState.INTERRUPTED})
+FINAL_STATES = frozenset(
+    {JobState.COMPLETED, JobState.FAILED, JobState.TIMEOUT, JobState.INTERRUPTED, JobState.CANCELLED}
+)
 
 
 class ProcessState(str, enum.Enum):

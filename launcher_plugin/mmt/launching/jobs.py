@@ -94,6 +94,7 @@ class Watched:
     plan: JobPlan
     handle: JobHandle
     claim: Optional[Claim]
+    # when it was submitted, then when it was first seen running
     started_at: float
     # its backend's jobs outlive the launcher: their records stay after concluding (see Backend.survives_launcher)
     survives_launcher: bool = False

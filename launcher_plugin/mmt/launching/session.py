@@ -14,6 +14,7 @@ What comes back says which of the three it was (``DryRun``, ``Detached``, ``Atta
 into its own output (Hydra's JobReturns, the CLI's exit status, the SDK's handles).
 """
 
+import gc
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,11 @@ class LaunchSession:
         start_plotter(options.sweep_dir, [job.plan.job_dir for job in jobs])
         console = console or Console()
         page = start_dashboard(options.sweep_dir, console) if self.settings.dashboard else None
+        # the prepared jobs live as long as the launch: out of the cyclic collector's sight while it watches (after
+        # one last collection, so that no garbage is kept with them), or every full collection (reading a job's
+        # return value makes some) walks all of them: a 100-job sweep's launcher spent 7 s of CPU in them
+        gc.collect()
+        gc.freeze()
         try:
             if jobs:
                 return engine.launch(jobs, self.backend, options, console, not_started=not_started)
@@ -178,6 +184,7 @@ class LaunchSession:
             summarise(options.sweep_dir, report, console, not_started=not_started)
             return report
         finally:
+            gc.unfreeze()
             if page is not None:
                 page.close()
             console.close()

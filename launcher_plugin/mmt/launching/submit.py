@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from mmt.backends.base import Backend, Submission
+from mmt.backends.base import Backend, Dependency, Submission
+from mmt.backends.registry import backend_class
 from mmt.core import proctree, timeline
-from mmt.core.errors import UsageError
+from mmt.core.errors import ConfigError, UsageError
 from mmt.core.jobdir import Attempt, JobDir, new_attempt_id
 from mmt.core.states import JobState
 from mmt.launching.console import Console
@@ -27,7 +28,7 @@ from mmt.planning.redact import masked_overrides
 from mmt.records.outcome import read_result
 from mmt.records.ownership import Claim, claim
 from mmt.records.payload import write_payload
-from mmt.records.registry import JobRecord, Registry
+from mmt.records.registry import JobRecord, Registry, named
 from mmt.records.schema import OwnerRecord, UnknownSchemaError
 
 
@@ -47,6 +48,50 @@ def _refuse_taken_names(registry: Optional[Registry], plans: Sequence[JobPlan]) 
             f"the registry already holds a job named {taken[0]!r}. HINT: choose another name "
             f"(hydra.launcher.name / --name), or `mmt delete {taken[0]}` first"
         )
+
+
+def resolve_after(plans: Sequence[JobPlan], registry: Optional[Registry]) -> Dict[int, Tuple[Dependency, ...]]:
+    """Each job's ``hydra.launcher.after`` as the jobs it waits for, by job number; refused before anything starts
+    when a name is no registered job or launch, or names one that ended without completing (a job after it could
+    never start). Jobs that completed already are nothing to wait for."""
+    wanted = {name for plan in plans for name in plan.after}
+    if not wanted:
+        return {plan.num: () for plan in plans}
+    if registry is None:
+        raise ConfigError(
+            "hydra.launcher.after",
+            sorted(wanted),
+            "the jobs to wait for are found through the job registry, which cannot be opened here",
+            "fix MMT_HOME (or ~/.mmt), or launch without hydra.launcher.after",
+        )
+    records = registry.list()
+    found: Dict[str, List[Dependency]] = {}
+    for entry in sorted(wanted):
+        matching = named(entry, records)
+        if not matching:
+            raise ConfigError(
+                "hydra.launcher.after",
+                entry,
+                "no registered job or launch has that name",
+                "`mmt list` shows the registered jobs; a launch's jobs are <hydra.launcher.name>-<n>",
+            )
+        found[entry] = []
+        for record in matching:
+            record = backend_class(record.backend).refresh(record, registry)  # its state now, not when last seen
+            state = JobState(record.state)
+            if state == JobState.COMPLETED:
+                continue
+            if state.final:
+                raise ConfigError(
+                    "hydra.launcher.after",
+                    entry,
+                    f"job {record.name} ended {record.state}, so a job after it could never start",
+                    f"run {record.name} again first, or leave it out of hydra.launcher.after",
+                )
+            found[entry].append(
+                Dependency(record.name, record.backend, record.job_dir, record.attempt, record.scheduler_id)
+            )
+    return {plan.num: tuple(dep for entry in plan.after for dep in found[entry]) for plan in plans}
 
 
 def _claim_all(plans: Sequence[JobPlan], backend: Backend[Any], attempts: Dict[int, Attempt]) -> Dict[int, Claim]:
@@ -102,6 +147,7 @@ def start_jobs(
     plans = [job.plan for job in jobs]
     refuse_unrunnable(backend, plans)
     _refuse_taken_names(options.registry, plans)
+    after = resolve_after(plans, options.registry)
     attempts = {plan.num: JobDir(Path(plan.job_dir)).attempt(new_attempt_id()) for plan in plans}
     earlier = {plan.num: _last_attempt(plan) for plan in plans}  # before the claim names this one the owner
     claims = _claim_all(plans, backend, attempts)
@@ -115,6 +161,7 @@ def start_jobs(
                 [_record(p, attempts[p.num], backend.name, options.sweep_dir, detached) for p in plans]
             )
         console.write(f"mmt: launching {len(jobs)} job(s) on cluster={backend.name}, sweep dir {options.sweep_dir}\n")
+        submissions = []
         for job in jobs:
             if trap is not None and trap.received is not None:
                 break
@@ -127,24 +174,14 @@ def start_jobs(
             if aside is not None:
                 console.write(f"\t   (the earlier run's logs are in {aside})\n")
             _new_timeline(attempts[plan.num], launcher_started)
-            handle = backend.submit(Submission(plan=plan, attempt=attempts[plan.num], copied_env=job.copied_env))
-            timeline.mark_at(attempts[plan.num].timeline, timeline.SUBMITTED)
-            watched.append(
-                Watched(
-                    plan=plan,
-                    handle=handle,
-                    claim=claims[plan.num],
-                    started_at=time.time(),
-                    survives_launcher=backend.survives_launcher,
-                    copied_env=dict(job.copied_env),
-                    run_started_at=time.time(),
-                )
+            submissions.append(
+                Submission(plan=plan, attempt=attempts[plan.num], copied_env=job.copied_env, after=after[plan.num])
             )
-            scheduler_id = backend.poll(handle).scheduler_id
-            if scheduler_id:
-                claims[plan.num].update(scheduler_id=scheduler_id)
-                if options.registry is not None:
-                    options.registry.update(plan.name, scheduler_id=scheduler_id)
+        for batch in backend.submit_all(submissions):
+            for submission, handle in batch:
+                watched.append(_watched(submission, handle, claims[submission.plan.num], backend, options))
+            if trap is not None and trap.received is not None:
+                break  # what the backend has not accepted yet is never submitted
     except BaseException as exc:
         # a launch is all or nothing: the jobs it submitted before one was refused are cancelled, saying why
         why = f"the launch failed: {first_line(str(exc)) or type(exc).__name__}"
@@ -158,6 +195,27 @@ def start_jobs(
     unsubmitted = _unsubmitted(plans, watched)
     _give_up(unsubmitted, attempts, claims, backend, options.registry)
     return watched, unsubmitted
+
+
+def _watched(
+    submission: Submission, handle: Any, claim: Claim, backend: Backend[Any], options: LaunchOptions
+) -> Watched:
+    """A job the backend accepted, from now on watched; its scheduler's id recorded where its owner and row are."""
+    timeline.mark_at(submission.attempt.timeline, timeline.SUBMITTED)
+    scheduler_id = backend.poll(handle).scheduler_id
+    if scheduler_id:
+        claim.update(scheduler_id=scheduler_id)
+        if options.registry is not None:
+            options.registry.update(submission.plan.name, scheduler_id=scheduler_id)
+    return Watched(
+        plan=submission.plan,
+        handle=handle,
+        claim=claim,
+        started_at=time.time(),
+        survives_launcher=backend.survives_launcher,
+        copied_env=dict(submission.copied_env),
+        run_started_at=time.time(),
+    )
 
 
 def _new_timeline(attempt: Attempt, launcher_started: Optional[float]) -> None:

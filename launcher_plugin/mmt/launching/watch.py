@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from mmt.backends.base import JobTracker
-from mmt.core.jobdir import JobDir
+from mmt.core.jobdir import WATCHED_FRESH_S, JobDir
 from mmt.core.states import ConsoleMode, JobState
 from mmt.launching.conclude import conclude
 from mmt.launching.console import Console, LogFollower
@@ -34,12 +34,15 @@ def watch(
     deadline: Optional[float] = None,
 ) -> LaunchReport:
     report = LaunchReport(jobs=[])
+    _following(watched, True)
+    next_beat = time.monotonic() + WATCHED_FRESH_S / 3
     interrupted = killed = False
     next_stop_check = 0.0
     progress = ProgressView.for_plans(console, [item.plan for item in watched])
     while any(item.report is None for item in watched):
         if deadline is not None and time.monotonic() >= deadline:
             report.detached = [item.plan.name for item in watched if item.report is None]
+            _following([item for item in watched if item.report is None], False)
             break
         if trap.received is not None and not interrupted:
             interrupted = True
@@ -47,6 +50,7 @@ def watch(
             action = on_hangup if trap.received == signal.SIGHUP else on_interrupt
             if action == "detach":
                 report.detached = [item.plan.name for item in watched if item.report is None]
+                _following([item for item in watched if item.report is None], False)
                 _mark_detached(options.registry, report.detached)
                 break
             for item in watched:
@@ -60,6 +64,9 @@ def watch(
         backend.wait(_TICK_S)
         for notice in backend.drain_notices():
             console.write(notice + "\n")
+        if time.monotonic() >= next_beat:
+            next_beat = time.monotonic() + WATCHED_FRESH_S / 3
+            _following([item for item in watched if item.report is None], True)
         check_stops = time.monotonic() >= next_stop_check
         if check_stops:
             next_stop_check = time.monotonic() + 0.5
@@ -79,9 +86,10 @@ def watch(
             status = backend.poll(item.handle)
             if status.state != JobState.PENDING and not item.running_seen:
                 item.running_seen = True
+                item.started_at = time.time()  # it waited in a queue until now (a throttle, a dependency, SLURM)
                 item.followers = _followers(item.plan, options.console, console)
                 if options.registry is not None:
-                    options.registry.update(item.plan.name, state=JobState.RUNNING.value, started_at=time.time())
+                    options.registry.update(item.plan.name, state=JobState.RUNNING.value, started_at=item.started_at)
             for follower in item.followers:
                 follower.poll()
             if status.outcome is not None:
@@ -98,6 +106,20 @@ def watch(
         console.write(notice + "\n")
     report.jobs = [item.report for item in watched if item.report is not None]
     return report
+
+
+def _following(watched: List[Watched], following: bool) -> None:
+    """Say in each attempt dir whether this launcher follows the job to its end (``Attempt.watched``, touched again
+    every WATCHED_FRESH_S / 3: a SLURM job that ends well then starts no interpreter of its own to conclude itself).
+    Best effort: without a fresh mark, the job concludes itself as a detached one does."""
+    for item in watched:
+        try:
+            if following:
+                item.handle.attempt.watched.touch()
+            else:
+                item.handle.attempt.watched.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def _mark_detached(registry: Optional[Registry], names: List[str]) -> None:

@@ -69,6 +69,8 @@ class JobPlan:
     # a job whose ranks show no progress (no new output, no step) for this long has hung: it fails (and so may
     # restart), every Python rank's stack written first; None = never
     hang_timeout_s: Optional[float] = None
+    # the jobs it waits for (hydra.launcher.after), as given: registered job names, or launch names
+    after: Tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -283,6 +285,13 @@ def plan_job(
         framework=framework,
         optimized_metric=_optimized_metric(launcher_cfg),
         **_restart_policy(launcher_cfg, recipe_runs=command is None),
+        after=tuple(
+            check.names_list(
+                "hydra.launcher.after",
+                OmegaConf.select(launcher_cfg, "after", default=None),
+                "registered job names or launch names, e.g. hydra.launcher.after=[prep]",
+            )
+        ),
     )
 
 

@@ -188,3 +188,24 @@ def env_names(key: str, value: Any, available: Mapping[str, str]) -> List[str]:
 def _suggest_name(name: str) -> str:
     cleaned = re.sub(r"[^A-Za-z0-9_]", "_", name)
     return cleaned if _ENV_NAME.match(cleaned) else f"_{cleaned}"
+
+
+# a job's or a launch's name, as the registry holds it (mmt.launching.prepare.check_name's rule)
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,120}$")
+
+
+def names_list(key: str, value: Any, hint: str) -> List[str]:
+    """A list of job or launch names (a single name is a list of one), each as the registry spells names."""
+    value = plain(value)
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise ConfigError(key, value, "expected a list of names", hint)
+    for name in value:
+        if not isinstance(name, str) or not _JOB_NAME.match(name):
+            raise ConfigError(
+                key, name, "expected a name: letters, digits, '.', '-' and '_', starting with a letter or digit", hint
+            )
+    return list(dict.fromkeys(value))

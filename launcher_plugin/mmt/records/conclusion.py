@@ -21,10 +21,11 @@ from typing import Optional
 from mmt.core import timeline
 from mmt.core.jobdir import Attempt, JobDir
 from mmt.planning.plan import JobPlan
-from mmt.records.outcome import write_result
+from mmt.records.outcome import JobOutcome, read_primary_return, result_record, return_value_of, write_result
 from mmt.records.ownership import Claim
 from mmt.records.payload import discard_payload
 from mmt.records.registry import Registry, RegistryError
+from mmt.records.restarts import recorded, with_earlier_runs, with_requeues
 from mmt.records.schema import ResultRecord
 
 
@@ -82,3 +83,18 @@ def record_conclusion(
         finally:
             claim.release(forget=not keep_records)
     return Recorded(result_error=result_error, registry_error=registry_error)
+
+
+def conclude_from_outside(plan: JobPlan, attempt: Attempt, outcome: JobOutcome) -> ResultRecord:
+    """The result of a job that ended with nobody concluding it (concluded by ``mmt list`` or a watcher from what
+    its scheduler says): its return value, earlier runs and requeues, written to ``result.json`` where the job dir
+    can still be written (the registry keeps it otherwise), and its payload discarded."""
+    value = return_value_of(read_primary_return(attempt))
+    result = with_earlier_runs(result_record(plan, outcome, value, attempt.id, ended_at=time.time()), recorded(attempt))
+    result = with_requeues(result, attempt)
+    try:
+        write_result(plan, result)
+    except OSError:
+        pass  # the registry keeps it; the job dir cannot be written from here
+    discard_payload(attempt)
+    return result

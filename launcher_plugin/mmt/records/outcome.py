@@ -12,7 +12,14 @@ from typing import Any, List, Optional, Tuple
 
 import cloudpickle
 
-from mmt.core.errors import JobFailedError, JobInterruptedError, JobTimeoutError, RankFailedError, RankFailure
+from mmt.core.errors import (
+    JobCancelledError,
+    JobFailedError,
+    JobInterruptedError,
+    JobTimeoutError,
+    RankFailedError,
+    RankFailure,
+)
 from mmt.core.jobdir import Attempt, JobDir
 from mmt.core.states import JobState, ProcessState
 from mmt.planning.plan import JobPlan
@@ -181,6 +188,8 @@ def error_for(plan: JobPlan, outcome: JobOutcome) -> Exception:
         return JobTimeoutError(plan.label, plan.timeout_s, outcome.detail)
     if outcome.status == JobState.INTERRUPTED:
         return JobInterruptedError(plan.label, outcome.detail)
+    if outcome.status == JobState.CANCELLED:
+        return JobCancelledError(plan.label, outcome.detail)
     if outcome.failure is None:
         return JobFailedError(plan.label, outcome.detail or "failed without a record of why")
     return RankFailedError(plan.label, outcome.failure)

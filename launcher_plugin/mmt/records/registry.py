@@ -11,6 +11,7 @@ that submitted do.
 
 import json
 import os
+import re
 import sqlite3
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
@@ -150,6 +151,13 @@ class JobRecord:
         values["detached"] = bool(values["detached"])
         values["restarts"] = values["restarts"] or 0  # a row from an mmt before restarts
         return cls(**values)
+
+
+def named(entry: str, records: List[JobRecord]) -> List[JobRecord]:
+    """The registered jobs a name stands for: the job of that name, or else every job of the launch of that name
+    (``hydra.launcher.name``: its jobs are ``<name>-<n>``)."""
+    exact = [record for record in records if record.name == entry]
+    return exact or [record for record in records if re.fullmatch(rf"{re.escape(entry)}-\d+", record.name)]
 
 
 class Registry:

@@ -151,10 +151,11 @@ class Status(str, enum.Enum):
     Stopped = "Stopped"
     Completed = "Completed"
     Failed = "Failed"
+    Cancelled = "Cancelled"  # mmt's own: never ran, a job it waited for (after=) did not complete
 
     @property
     def final(self) -> bool:
-        return self in (Status.Stopped, Status.Completed, Status.Failed)
+        return self in (Status.Stopped, Status.Completed, Status.Failed, Status.Cancelled)
 
 
 def _node_status_of(states: "frozenset[ProcessState]") -> Status:

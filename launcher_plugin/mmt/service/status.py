@@ -2,7 +2,7 @@
 status names Lightning uses, and a handle to re-attach to it (``mmt wait``)."""
 
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mmt.backends.base import JobHandle, JobTracker
 from mmt.backends.registry import backend_class
@@ -10,7 +10,7 @@ from mmt.core.jobdir import JobDir
 from mmt.core.states import JobState, ProcessState
 from mmt.launching.report import SummaryRow, first_line, metric_of
 from mmt.records.outcome import process_state
-from mmt.records.registry import JobRecord, Registry
+from mmt.records.registry import JobRecord, Registry, named
 from mmt.records.restarts import PendingRestart, pending_restart, recorded
 from mmt.records.scheduler import SchedulerRecord, read_scheduler
 from mmt.records.schema import EarlierRun
@@ -25,6 +25,7 @@ LIGHTNING_STATUS = {
     JobState.FAILED: "Failed",
     JobState.TIMEOUT: "Failed",
     JobState.INTERRUPTED: "Stopped",
+    JobState.CANCELLED: "Cancelled",  # mmt's own: never ran, a job it waits for did not complete
 }
 
 
@@ -70,6 +71,20 @@ def refresh(record: JobRecord, registry: Registry) -> JobRecord:
     return backend_class(record.backend).refresh(record, registry)
 
 
+def refresh_all(records: Sequence[JobRecord], registry: Registry) -> List[JobRecord]:
+    """Every record brought up to date as by :func:`refresh`, in order; each backend asked once for all of its jobs
+    that are not final (``mmt list``)."""
+    going: Dict[str, List[int]] = {}
+    for index, record in enumerate(records):
+        if not JobState(record.state).final:
+            going.setdefault(record.backend, []).append(index)
+    current = list(records)
+    for backend, indices in going.items():
+        for index, record in zip(indices, backend_class(backend).refresh_all([records[i] for i in indices], registry)):
+            current[index] = record
+    return current
+
+
 def summary_row(record: JobRecord) -> Tuple[Any, str]:
     """The summary line of an ended job and its metric's name, from its record (what `mmt wait` prints for a job
     that ended before)."""
@@ -103,3 +118,23 @@ def stop(record: JobRecord) -> str:
     if JobState(record.state).final:
         return f"{record.name} has already ended ({record.state})"
     return backend_class(record.backend).stop(record)
+
+
+def stop_named(name: str, registry: Registry) -> List[str]:
+    """Stop the job of that name, or every job of the launch of that name that has not ended (``mmt stop <launch>``:
+    each backend asked once for all of its jobs, SLURM's job array tasks in one scancel)."""
+    record = registry.get(name)
+    if record is not None:
+        return [stop(refresh(record, registry))]
+    launch = named(name, registry.list())
+    if not launch:
+        registry.require(name)  # the error: no job or launch of that name
+    going = [record for record in launch if not JobState(record.state).final]
+    ended = len(launch) - len(going)
+    lines = [f"{name}: {ended} of its {len(launch)} jobs have already ended"] if ended else []
+    by_backend: Dict[str, List[JobRecord]] = {}
+    for record in going:
+        by_backend.setdefault(record.backend, []).append(record)
+    for backend, records in by_backend.items():
+        lines += backend_class(backend).stop_all(records)
+    return lines

@@ -68,6 +68,8 @@ class RunSpec:
     detach: bool = False
     # more Hydra overrides (site settings: hydra.launcher.partition=gpu ...)
     overrides: List[str] = field(default_factory=list)
+    # the jobs it starts after (hydra.launcher.after): registered job names or launch names
+    after: List[str] = field(default_factory=list)
 
 
 def default_name() -> str:
@@ -111,6 +113,8 @@ def _overrides(spec: RunSpec, name: str) -> List[str]:
         overrides.append("hydra.launcher.env_from=[" + ",".join(spec.env_from) + "]")
     if spec.dry_run:
         overrides.append("hydra.launcher.dry_run=true")
+    if spec.after:
+        overrides.append("hydra.launcher.after=[" + ",".join(spec.after) + "]")
     return overrides + list(spec.overrides)
 
 

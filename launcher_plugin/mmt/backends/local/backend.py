@@ -13,14 +13,15 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Deque, Dict, List, Optional, Sequence
+from typing import Any, Deque, Dict, List, Optional, Sequence, Set
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from mmt.agent.client import AgentClient, AgentGone
 from mmt.agent.processes import ProcessSpec
 from mmt.agent.server import StartJob
 from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission
+from mmt.backends.dependencies import dependency_state, why_cancelled
 from mmt.backends.local import records
 from mmt.backends.local.host import PortReservations, cpu_cores, visible_gpus
 from mmt.backends.local.watch import LocalWatcher
@@ -49,6 +50,8 @@ class LocalSettings:
     master_addr: str
     start_method: str
     kill_grace_s: float
+    # most jobs running at once (hydra.launcher.max_parallel_jobs); None: no limit
+    max_parallel_jobs: Optional[int] = None
 
     @classmethod
     def from_config(cls, cfg: Any) -> "LocalSettings":
@@ -67,7 +70,17 @@ class LocalSettings:
                 "seconds between SIGTERM and SIGKILL, e.g. 1",
                 maximum=3600,
             ),
+            max_parallel_jobs=max_parallel_jobs(cfg),
         )
+
+
+def max_parallel_jobs(cfg: Any) -> Optional[int]:
+    limit = OmegaConf.select(cfg, "max_parallel_jobs", default=None)
+    if limit is None:
+        return None
+    return check.whole_number(
+        "hydra.launcher.max_parallel_jobs", limit, 1, "jobs at once, e.g. hydra.launcher.max_parallel_jobs=4"
+    )
 
 
 @dataclass
@@ -89,6 +102,9 @@ class LocalJob(JobHandle):
     outcome: Optional[JobOutcome] = None
     # hang detection (plan.hang_timeout_s)
     hang: Optional[hangs.HangWatch] = None
+    # the jobs it runs after (submission.after) that have completed, and when to look at the others again
+    satisfied: Set[str] = field(default_factory=set)
+    next_dependency_check: float = 0.0
 
 
 class LocalBackend(Backend[LocalJob]):
@@ -162,6 +178,16 @@ class LocalBackend(Backend[LocalJob]):
             f"  backend    local: {plan.num_nodes:,} simulated nodes on this host, MASTER_ADDR="
             f"{self.settings.master_addr}, start_method={self.settings.start_method}"
         ]
+        if self.settings.max_parallel_jobs is not None:
+            lines.append(
+                f"  throttle   at most {self.settings.max_parallel_jobs} job(s) of the launch at once "
+                f"(hydra.launcher.max_parallel_jobs), and at most {self.settings.max_parallel_ranks} ranks"
+            )
+        if plan.after:
+            lines.append(
+                f"  after      starts once every job of {', '.join(plan.after)} has completed; CANCELLED if one "
+                "ends otherwise"
+            )
         return lines + [f"  WARNING    {problem}" for problem in self.problems(plan)]
 
     # ------------------------------------------------------------------------------------------ the interface
@@ -230,12 +256,42 @@ class LocalBackend(Backend[LocalJob]):
     def _fits(self, plan: JobPlan) -> bool:
         if plan.machine.gpus and len(self.free_gpus) < plan.world_size:
             return False
+        limit = self.settings.max_parallel_jobs
+        if limit is not None and len(self.jobs) >= limit:
+            return False
         busy = sum(job.plan.world_size for job in self.jobs.values())
         return not self.jobs or busy + plan.world_size <= self.settings.max_parallel_ranks
 
     def _schedule(self) -> None:
-        while self.queue and self._fits(self.queue[0].plan):
-            self._start(self.queue.popleft())
+        """Start queued jobs, in order, while they fit; a job that waits for others (after=) lets the ones behind
+        it go first, and is cancelled when one of them ends without completing."""
+        for job in list(self.queue):
+            if self._waits(job) or job.outcome is not None:  # waits, or was cancelled for what it waited for
+                continue
+            if not self._fits(job.plan):
+                break
+            self.queue.remove(job)
+            self._start(job)
+
+    def _waits(self, job: LocalJob) -> bool:
+        """Whether ``job`` still waits for a job it runs after (asked at most every second); a dependency that
+        ended otherwise ends it CANCELLED, saying which."""
+        pending = [dep for dep in job.submission.after if dep.name not in job.satisfied]
+        if not pending:
+            return False
+        now = time.monotonic()
+        if now < job.next_dependency_check:
+            return True
+        job.next_dependency_check = now + 1.0
+        for dep in pending:
+            state = dependency_state(dep)
+            if state == JobState.COMPLETED:
+                job.satisfied.add(dep.name)
+            elif state is not None:
+                self.queue.remove(job)
+                self._conclude(job, JobOutcome(JobState.CANCELLED, None, detail=why_cancelled(dep, state)))
+                return True
+        return len(job.satisfied) < len(job.submission.after)
 
     def _start(self, job: LocalJob) -> None:
         plan = job.plan

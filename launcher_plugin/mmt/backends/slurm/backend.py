@@ -10,12 +10,13 @@ its partition offers; and a scheduler that stops answering is said so, with sinc
 
 import functools
 import os
+import secrets
 import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig
 
@@ -25,6 +26,7 @@ from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm.nodes import lost_by_run, lost_in_run, lost_node_detail, node_fail_kwargs
 from mmt.backends.slurm.sbatch import (
     SlurmSettings,
+    TaskTarget,
     job_name_for,
     python_command,
     render_script,
@@ -39,11 +41,12 @@ from mmt.backends.slurm.task import (
     FRAMEWORK_PORT_SLOTS,
     FRAMEWORK_PORT_WINDOW,
     SlurmTask,
+    run_array_task_file,
     run_task_file,
     write_task_file,
 )
 from mmt.core.errors import ConfigError, MMTError
-from mmt.core.jobdir import Attempt, JobDir, make_private_dir
+from mmt.core.jobdir import JobDir, make_private_dir, write_atomic
 from mmt.core.states import JobState
 from mmt.planning.plan import JobPlan, Limits
 from mmt.records.outcome import JobOutcome, all_succeeded, outcome_of_record, read_result
@@ -112,7 +115,7 @@ def _executor_class() -> Any:
 
         class SessionSlurmExecutor(submitit.SlurmExecutor):
             # the job's plan and attempt, for mmt's own lines around submitit's srun (the restart loop)
-            mmt_job: Optional[Tuple[JobPlan, Attempt]] = None
+            mmt_job: Optional[Tuple[JobPlan, TaskTarget]] = None
             mmt_settings: SlurmSettings
             mmt_project_dir: str
 
@@ -167,8 +170,16 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         return records.refresh(record, registry)
 
     @classmethod
+    def refresh_all(cls, records_: Sequence[JobRecord], registry: Registry) -> List[JobRecord]:
+        return records.refresh_all(records_, registry)
+
+    @classmethod
     def stop(cls, record: JobRecord) -> str:
         return records.stop(record)
+
+    @classmethod
+    def stop_all(cls, records_: Sequence[JobRecord]) -> List[str]:
+        return records.stop_all(records_)
 
     # ------------------------------------------------------------------------------------------ planning
 
@@ -232,6 +243,19 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
                 f"{FRAMEWORK_PORT_BASE} + (job id % {FRAMEWORK_PORT_SLOTS}) x {FRAMEWORK_PORT_WINDOW} + "
                 f"process % {FRAMEWORK_PORT_WINDOW}, each held by its node's agent",
             )
+        throttle = self.settings.max_parallel_jobs
+        lines.insert(
+            -1,
+            "  array      the launch's jobs that share this script go out as one job array (#SBATCH --array=0-<n-1>"
+            + (f"%{throttle}: at most {throttle} of its tasks at once" if throttle else "")
+            + "), job i as task <array id>_i",
+        )
+        if plan.after:
+            lines.insert(
+                -1,
+                f"  after      starts once every job of {', '.join(plan.after)} has completed (#SBATCH "
+                "--dependency=afterok:<their SLURM job ids> --kill-on-invalid-dep=yes); CANCELLED if one does not",
+            )
         lines += [f"    | {line}" for line in script.rstrip().splitlines()]
         unwatched = self._unwatched(plan)
         if unwatched:
@@ -256,19 +280,115 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
     # ------------------------------------------------------------------------------------------ the interface
 
     def submit(self, submission: Submission) -> SlurmJob:
-        plan = submission.plan
-        folder = Path(self.settings.folder.split("%j")[0])
-        make_private_dir(folder)
+        [(_, job)] = self._submit_group([submission])
+        return job
+
+    def submit_all(self, submissions: Sequence[Submission]) -> Iterator[List[Tuple[Submission, SlurmJob]]]:
+        """One sbatch per group of jobs that share their sbatch script but for the job itself (nodes, tasks,
+        resources, time, partition, image, setup, dependencies ...): a job array, each of its tasks one whole
+        multi-node job; split where a group is larger than the cluster's MaxArraySize. A job alone in its group
+        goes out as a job of its own."""
+        self._refuse_foreign_dependencies(submissions)
+        for group in self._groups(submissions):
+            yield self._submit_group(group)
+
+    def _groups(self, submissions: Sequence[Submission]) -> List[List[Submission]]:
+        groups: Dict[str, List[Submission]] = {}
+        for submission in submissions:
+            key = render_script(
+                submission.plan,
+                self.settings,
+                self.project_dir,
+                "<job>",
+                TaskTarget(manifest=Path("<manifest>")),
+                self._after(submission),
+            )
+            groups.setdefault(key, []).append(submission)
+        # MaxArraySize: indices below it (0: the site allows no job arrays); None when it cannot be asked
+        largest = queue.max_array_size() if any(len(group) > 1 for group in groups.values()) else None
+        size = max(1, 1000 if largest is None else largest)
+        return [group[start : start + size] for group in groups.values() for start in range(0, len(group), size)]
+
+    def _after(self, submission: Submission) -> Tuple[str, ...]:
+        return tuple(str(dep.scheduler_id) for dep in submission.after)
+
+    def _refuse_foreign_dependencies(self, submissions: Sequence[Submission]) -> None:
+        """SLURM can make a job wait only for SLURM jobs (``--dependency``): refused before any sbatch runs."""
+        for submission in submissions:
+            for dep in submission.after:
+                if dep.backend != self.name or not dep.scheduler_id:
+                    raise ConfigError(
+                        "hydra.launcher.after",
+                        dep.name,
+                        f"a SLURM job can wait only for SLURM jobs, and {dep.name} runs on cluster={dep.backend}",
+                        "wait for it first (mmt wait), then launch without it in hydra.launcher.after",
+                    )
+
+    def _submit_group(self, group: List[Submission]) -> List[Tuple[Submission, SlurmJob]]:
+        """Submit one job, or one job array of every job of ``group`` (task i runs ``group[i]``)."""
+        first = group[0].plan
+        array = len(group) > 1
+        # SLURM opens the tasks' logs in a dir that must be there: one per job (%j) is made by submitit before its
+        # sbatch, one per array task cannot be (its id is unknown until then): an array's logs share the root
+        root = Path(self.settings.folder.split("%j")[0])
+        folder = str(root) if array else self.settings.folder
+        make_private_dir(root)
+        if array:
+            manifest = root / f"array-{secrets.token_hex(6)}.tasks"
+            target = TaskTarget(manifest=manifest)
+            name = job_name_for(f"{first.name}-array")
+        else:
+            target, name = TaskTarget(attempt=group[0].attempt), job_name(first)
         executor = _executor_class()(
-            folder=self.settings.folder, max_num_timeout=0, python=python_command(plan, self.settings, self.project_dir)
+            folder=folder,
+            max_num_timeout=0,
+            python=python_command(first, self.settings, self.project_dir),
         )
         executor.update_parameters(
-            **sbatch_parameters(plan, self.settings, self.project_dir, job_name(plan), submission.attempt)
+            **sbatch_parameters(first, self.settings, self.project_dir, name, target, self._after(group[0]))
         )
-        executor.mmt_job = (plan, submission.attempt)
+        if array:
+            # submitit's own array parameters: --array=0-<n-1>%<at once>, and %A_%a in the task logs' names
+            executor.parameters["map_count"] = len(group)
+            executor.parameters["array_parallelism"] = self.settings.max_parallel_jobs or len(group)
+        executor.mmt_job = (first, target)
         executor.mmt_settings, executor.mmt_project_dir = self.settings, self.project_dir
-        task = SlurmTask(
-            plan=plan,
+        asked_at = time.time()
+        with _private_files():
+            task_files = [write_task_file(self._task(submission)) for submission in group]
+            if array:
+                write_atomic(manifest, "".join(f"{s.attempt.dir}\n" for s in group).encode(), private=True)
+                for index, submission in enumerate(group):
+                    records.write_array_task(submission.attempt, name, index)
+                call = functools.partial(run_array_task_file, str(manifest))
+            else:
+                call = functools.partial(run_task_file, str(task_files[0]))
+            try:
+                submitted = executor.submit(call)
+            except Exception as exc:  # noqa: BLE001 - submitit's and sbatch's errors, named below or raised as they are
+                if _unanswered(exc):
+                    raise _created_anyway(first, asked_at, name) from None
+                refused = _refusal(exc, first, self.settings)
+                if refused is None:
+                    raise
+                raise refused from None
+        from submitit.core.utils import JobPaths  # lazy, as submitit itself
+
+        ids = [f"{submitted.job_id}_{index}" for index in range(len(group))] if array else [str(submitted.job_id)]
+        accepted = []
+        for submission, job_id in zip(group, ids):
+            paths = JobPaths(folder, job_id=job_id, task_id=0)
+            job = SlurmJob(submission=submission, job_id=job_id, stderr=Path(paths.stderr), submitted=time.monotonic())
+            self._watched.append(job)
+            accepted.append((submission, job))
+            self._announce(submission.plan, job, paths.folder, array)
+        if array:
+            self._announce_array(group, str(submitted.job_id), folder)
+        return accepted
+
+    def _task(self, submission: Submission) -> SlurmTask:
+        return SlurmTask(
+            plan=submission.plan,
             attempt_dir=str(submission.attempt.dir),
             per_node_tasks=self.settings.agent_per_node,
             kill_grace_s=self.settings.kill_grace_s,
@@ -276,33 +396,28 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
             max_requeues=self.settings.max_requeues,
             copied_env=dict(submission.copied_env),
         )
-        asked_at = time.time()
-        with _private_files():
-            try:
-                submitted = executor.submit(functools.partial(run_task_file, str(write_task_file(task))))
-            except Exception as exc:  # noqa: BLE001 - submitit's and sbatch's errors, named below or raised as they are
-                if _unanswered(exc):
-                    raise _created_anyway(plan, asked_at) from None
-                refused = _refusal(exc, plan, self.settings)
-                if refused is None:
-                    raise
-                raise refused from None
-        job = SlurmJob(
-            submission=submission,
-            job_id=str(submitted.job_id),
-            stderr=Path(str(submitted.paths.stderr).replace("%t", "0")),
-            submitted=time.monotonic(),
-        )
-        self._watched.append(job)
+
+    def _announce(self, plan: JobPlan, job: SlurmJob, folder: Path, array: bool) -> None:
         unwatched = self._unwatched(plan)
         if unwatched:
             self._notices.append(f"mmt: job {plan.num} ({plan.name}): {unwatched}")
+        if not array:
+            self._notices.append(
+                f"mmt: job {plan.num} ({plan.name}) submitted as SLURM job {job.job_id} "
+                f"({plan.num_nodes} nodes x {tasks_per_node(plan, self.settings)} tasks); sbatch script "
+                f"and task logs: {folder}"
+            )
+
+    def _announce_array(self, group: List[Submission], array_id: str, folder: str) -> None:
+        """One line for a job array, however many jobs it runs: job i is its task <array>_i."""
+        plan, throttle = group[0].plan, self.settings.max_parallel_jobs
+        at_once = f", at most {throttle} at once" if throttle and throttle < len(group) else ""
+        nums = queue.index_ranges(submission.plan.num for submission in group)
         self._notices.append(
-            f"mmt: job {plan.num} ({plan.name}) submitted as SLURM job {job.job_id} "
-            f"({plan.num_nodes} nodes x {tasks_per_node(plan, self.settings)} tasks); sbatch script "
-            f"and task logs: {submitted.paths.folder}"
+            f"mmt: jobs {nums} submitted as SLURM job array {array_id} (job {plan.num} is task {array_id}_0 ...; "
+            f"{len(group)} tasks of {plan.num_nodes} nodes x {tasks_per_node(plan, self.settings)} tasks{at_once}); "
+            f"sbatch script and task logs: {folder}"
         )
-        return job
 
     def attach(self, record: JobRecord) -> SlurmJob:
         """A job another process submitted, watched from here (``mmt wait``)."""
@@ -466,8 +581,10 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         job.reason = reason
         if reason is None or job.stopped_because is not None:
             return
-        message = pending.check(job.job_id, reason)
+        message = pending.check(job.job_id, reason, waits_for_jobs=bool(job.plan.after))
         if message is None:
+            if reason in pending.THROTTLED:
+                return  # the throttle asked for (said when the array was submitted), in every job's scheduler.json
             self._notices.append(
                 f"mmt: job {job.plan.num} ({job.plan.name}) waits in SLURM's queue (job "
                 f"{job.job_id}): {pending.describe(reason)}"
@@ -516,6 +633,7 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
 
 _ASKED_WITH = {"slurmctld": "squeue", "slurmdbd": "sacct"}
 
+
 # what sbatch says when slurmctld did not answer in time: the request may still be taken later, creating a job
 _NO_ANSWER = ("Socket timed out", "Unable to contact slurm controller", "Transport endpoint is not connected")
 # how long a submission that timed out looks for the job slurmctld may have created anyway
@@ -528,11 +646,10 @@ def _unanswered(exc: Exception) -> bool:
     return isinstance(exc, FailedJobError) and any(said in str(exc) for said in _NO_ANSWER)
 
 
-def _created_anyway(plan: JobPlan, asked_at: float) -> SubmissionRefused:
+def _created_anyway(plan: JobPlan, asked_at: float, name: str) -> SubmissionRefused:
     """sbatch gave up waiting for slurmctld, which may still create the job once it catches up, with nobody to know
     of it (submitit never learnt its id, so its task could not even find its pickle). Look for it by its unique name
     until slurmctld answers, and cancel it: the submission failed, and says so in one line, leaving nothing queued."""
-    name = job_name(plan)
     deadline, found, answered = time.monotonic() + LOOKUP_AFTER_TIMEOUT_S, None, 0
     while time.monotonic() < deadline:
         found = queue.latest_job_named(name, asked_at)

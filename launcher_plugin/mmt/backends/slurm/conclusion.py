@@ -5,6 +5,7 @@ import signal
 from pathlib import Path
 from typing import Optional, Sequence
 
+from mmt.backends.dependencies import cancelled_because
 from mmt.backends.slurm.nodes import LostNode, lost_in_run, lost_node_detail
 from mmt.backends.slurm.queue import GONE
 from mmt.backends.slurm.task import failed_tasks
@@ -106,6 +107,10 @@ def conclude(
         outcome.status = JobState.TIMEOUT
         unfinished = [index for index in range(plan.process_count) if attempt.done(index) != 0]
         outcome.detail = f"SLURM job {scheduler_id} reached its time limit; {running_detail(plan, unfinished)}"
+    elif slurm_state == "CANCELLED" and plan.after and attempt.agent(0) is None:
+        # it never started, and waited for other jobs: SLURM cancels it when one ends without completing
+        # (--kill-on-invalid-dep), and says no more; which one it was comes from their records
+        outcome.status, outcome.detail = JobState.CANCELLED, cancelled_because(plan.after)
     elif slurm_state == "CANCELLED":
         outcome.status = JobState.INTERRUPTED
         outcome.detail = f"SLURM job {scheduler_id} was cancelled outside the launcher (scancel)"

@@ -16,7 +16,7 @@ from typing import List, Optional
 from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm.nodes import LostNode, lost_in_run, lost_nodes, node_hosts, requeue_why
 from mmt.backends.slurm.queue import restart_count
-from mmt.backends.slurm.sbatch import RUN_STARTED_VAR, STARTED_VAR
+from mmt.backends.slurm.sbatch import RUN_STARTED_VAR, STARTED_VAR, own_job_id
 from mmt.core.jobdir import Attempt
 from mmt.planning.plan import JobPlan
 from mmt.records.outcome import all_succeeded, read_primary_return, result_record, return_value_of, write_result
@@ -79,7 +79,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     attempt = Attempt(Path(args[0]))
     if not attempt.plan.exists():
         return 0  # concluded and cleaned up already
-    job_id = os.environ.get("SLURM_JOB_ID", "?")
+    job_id = own_job_id()
     if requeued(attempt, job_id):
         return 0  # the next run of the job concludes it
     owner = read_owner(attempt.job_dir.root)

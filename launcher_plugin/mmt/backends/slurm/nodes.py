@@ -16,7 +16,10 @@ from mmt.planning.plan import JobPlan
 
 def node_hosts(nodelist: str) -> List[str]:
     """Every host of the allocation in node order: ``scontrol show hostnames`` expands SLURM's compressed lists
-    (node[1-2,5]); where scontrol cannot be run, :func:`expand_nodelist` does the same."""
+    (node[1-2,5]); where scontrol cannot be run, :func:`expand_nodelist` does the same. A plain host name (a
+    one-node job) is its own list: no scontrol on every task of a sweep of one-node jobs."""
+    if nodelist and not any(mark in nodelist for mark in "[,"):
+        return [nodelist]
     try:
         out = subprocess.run(
             ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True

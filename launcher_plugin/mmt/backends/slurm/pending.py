@@ -48,11 +48,15 @@ NEVER: Dict[str, str] = {
 # (group and per-user limits, QOSGrp*, AssocGrp*, *PerUser*, *PerAccount, AssocMaxJobsLimit, resolve as other jobs end)
 _PER_JOB_LIMIT = re.compile(r"^(QOS|Assoc)Max\w*Per(Job|Node)(Limit)?$|^QOSMin\w+$")
 
+# the reasons a job array's task waits for its own array's throttle (hydra.launcher.max_parallel_jobs): not news
+THROTTLED = ("JobArrayTaskLimit",)
+
 # reasons that resolve by waiting (or by someone's hand: a hold released, a node resumed), and what they mean
 WAITS: Dict[str, str] = {
     "Resources": "the nodes it needs are busy",
     "Priority": "jobs of higher priority go first",
     "Dependency": "it waits for the jobs it depends on",
+    "JobArrayTaskLimit": "its job array runs as many of its tasks at once as it may (hydra.launcher.max_parallel_jobs)",
     "BeginTime": "its start time has not come yet",
     "JobHeldUser": "held by its user: scontrol release <job id>",
     "JobHeldAdmin": "held by an administrator",
@@ -131,10 +135,16 @@ def gather(job_id: str) -> Facts:
     return Facts(job, queue.partition_facts(name), queue.node_kinds(name))
 
 
-def check(job_id: str, reason: Optional[str]) -> Optional[str]:
-    """The one line that says why the job can never start; None when it may still start. Asks SLURM about the job
-    and its partition only for a reason that never resolves."""
-    if not never_resolves(reason):
+# a dependency that can no longer be met: a job that waits for mmt jobs (hydra.launcher.after) is submitted with
+# --kill-on-invalid-dep, so SLURM cancels it itself, and it ends CANCELLED naming the job that failed (not FAILED)
+DEPENDENCY_FAILED = "DependencyNeverSatisfied"
+
+
+def check(job_id: str, reason: Optional[str], waits_for_jobs: bool = False) -> Optional[str]:
+    """The one line that says why the job can never start; None when it may still start, or when SLURM cancels it
+    itself (``waits_for_jobs``: a dependency that failed). Asks SLURM about the job and its partition only for a
+    reason that never resolves."""
+    if not never_resolves(reason) or (waits_for_jobs and reason_code(reason) == DEPENDENCY_FAILED):
         return None
     return verdict(job_id, reason or "", gather(job_id))
 

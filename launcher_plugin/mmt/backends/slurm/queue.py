@@ -14,7 +14,7 @@ import re
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Sequence
 
 # states after which a job will not run again by itself (REQUEUED, PENDING, RUNNING ... are not final)
 FINAL = (
@@ -73,18 +73,65 @@ def ask(args: list, env: Optional[Dict[str, str]] = None, timeout_s: float = 30)
     return done.stdout if done.returncode == 0 else None
 
 
+_ARRAY_TASKS = re.compile(r"^(\d+)_\[([0-9,\-]+)(?:%\d+)?\]$")
+
+
+def job_ids_in(field: str) -> List[str]:
+    """The job ids one row of squeue or sacct stands for: a job array's tasks that have not started yet are one row
+    (``453_[2-5%2]``, ``453_[1,4-6]``), each task by its own id (``453_2`` ...)."""
+    match = _ARRAY_TASKS.match(field)
+    if match is None:
+        return [field]
+    array, ids = match.group(1), []
+    for part in match.group(2).split(","):
+        first, _, last = part.partition("-")
+        ids += [f"{array}_{index}" for index in range(int(first), int(last or first) + 1)]
+    return ids
+
+
+def compact_ids(job_ids: Sequence[str]) -> List[str]:
+    """Job ids as few as SLURM takes them: the tasks of one job array as ranges (``456_[0-3,7]``), one request for
+    scancel instead of one per task; plain job ids as they are."""
+    arrays: Dict[str, List[int]] = {}
+    plain: List[str] = []
+    for job_id in job_ids:
+        array, _, index = job_id.partition("_")
+        if index.isdigit():
+            arrays.setdefault(array, []).append(int(index))
+        else:
+            plain.append(job_id)
+    return plain + [f"{array}_[{index_ranges(indices)}]" for array, indices in arrays.items()]
+
+
+def index_ranges(numbers: Iterable[int]) -> str:
+    """Numbers as SLURM writes them: ``0-99``, ``0-3,8,10-11``."""
+    ordered = sorted(set(numbers))
+    runs, start = [], 0
+    for at, number in enumerate(ordered):
+        if at + 1 == len(ordered) or ordered[at + 1] != number + 1:
+            runs.append(f"{ordered[start]}-{number}" if number > ordered[start] else str(number))
+            start = at + 1
+    return ",".join(runs)
+
+
 def _sacct(ids: list) -> Optional[Dict[str, SlurmState]]:
-    out = ask(["sacct", "-X", "-n", "-P", "-D", "-j", ",".join(ids), "-o", "JobID,State,ExitCode"])
+    # a job array's tasks that never started are only listed under the array's own id (``711_[2-999%2]``)
+    arrays = sorted({job_id.split("_", 1)[0] for job_id in ids if "_" in job_id})
+    out = ask(["sacct", "-X", "-n", "-P", "-D", "-j", ",".join([*ids, *arrays]), "-o", "JobID,State,ExitCode"])
     if out is None:
         return None
     found: Dict[str, SlurmState] = {}
+    asked = set(ids)
     for line in out.splitlines():
         parts = line.split("|")
-        if len(parts) < 3 or parts[0] not in ids:
+        if len(parts) < 3:
             continue
-        previous = found.get(parts[0])
-        restarts = (previous.restarts + 1) if previous else 0  # -D lists every run of a requeued job
-        found[parts[0]] = SlurmState(parts[1].split()[0] if parts[1] else "PENDING", parts[2], restarts)
+        for job_id in job_ids_in(parts[0]):
+            if job_id not in asked:
+                continue
+            previous = found.get(job_id)
+            restarts = (previous.restarts + 1) if previous else 0  # -D lists every run of a requeued job
+            found[job_id] = SlurmState(parts[1].split()[0] if parts[1] else "PENDING", parts[2], restarts)
     return found
 
 
@@ -94,6 +141,13 @@ def restart_count(job_id: str) -> Optional[int]:
     while that run's own ``SLURM_RESTART_COUNT`` keeps the old value."""
     out = ask(["scontrol", "show", "job", "-o", job_id])
     match = re.search(r"\bRestarts=(\d+)", out or "")
+    return int(match.group(1)) if match else None
+
+
+def max_array_size() -> Optional[int]:
+    """The cluster's MaxArraySize (a job array's indices are below it), None when SLURM cannot be asked."""
+    out = ask(["scontrol", "show", "config"], timeout_s=QUERY_TIMEOUT_S)
+    match = re.search(r"^MaxArraySize\s*=\s*(\d+)", out or "", re.M)
     return int(match.group(1)) if match else None
 
 
@@ -107,18 +161,19 @@ def partition_names() -> Optional[List[str]]:
 
 
 # squeue's columns: no width (the whole value, a long reason included), each ended by "|"
-SQUEUE_FORMAT = "JobID:|,State:|,RestartCnt:|,Reason:|"
+SQUEUE_FORMAT = "JobArrayID:|,State:|,RestartCnt:|,Reason:|"  # a job array's task: <array id>_<index>
 
 
 def parse_squeue(out: str) -> Dict[str, SlurmState]:
     """``squeue -O SQUEUE_FORMAT`` output, by job id. The reason is kept for a PENDING job only (an ended job keeps
     the last one SLURM gave it, a running one says "None")."""
-    found = {}
+    found: Dict[str, SlurmState] = {}
     for line in out.splitlines():
         parts = [part.strip() for part in line.split("|")]
         if len(parts) >= 3 and parts[0]:
             reason = parts[3] if len(parts) > 3 and parts[1] == "PENDING" and parts[3] not in ("", "None") else None
-            found[parts[0]] = SlurmState(parts[1], None, int(parts[2]) if parts[2].isdigit() else 0, reason)
+            state = SlurmState(parts[1], None, int(parts[2]) if parts[2].isdigit() else 0, reason)
+            found.update((job_id, state) for job_id in job_ids_in(parts[0]))
     return found
 
 
@@ -174,9 +229,10 @@ def query(job_ids: Iterable[str], accounting: bool = True) -> Answer:
 
 def latest_job_named(name: str, submitted_since: float) -> Optional[str]:
     """This user's newest job called ``name`` submitted at ``submitted_since`` or later (whole seconds: not an older
-    job that had the same name); "" when there is none, None when the queue did not answer."""
+    job that had the same name); "" when there is none, None when the queue did not answer. A job array is named by
+    its own id (``%F``), not by one of its tasks'."""
     out = ask(
-        ["squeue", "-h", "-t", "all", "-u", getpass.getuser(), "-n", name, "-o", "%i|%V"],
+        ["squeue", "-h", "-t", "all", "-u", getpass.getuser(), "-n", name, "-o", "%F|%V"],
         env={**os.environ, "SLURM_TIME_FORMAT": "standard"},
         timeout_s=QUERY_TIMEOUT_S,
     )

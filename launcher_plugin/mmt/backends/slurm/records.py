@@ -4,28 +4,40 @@ A refresh also keeps the attempt's ``scheduler.json`` (mmt.records.scheduler) sa
 SLURM does not answer, for ``mmt list`` and the live page; and a job that can never start (``pending``) is cancelled
 and concluded FAILED, saying what it asks and what its partition offers, as the launcher would have."""
 
-import time
+import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import FrozenSet, List, Optional, Sequence, Tuple
 
 from mmt.backends.slurm import pending, queue
 from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm.nodes import node_fail_kwargs
 from mmt.backends.slurm.sbatch import job_name_for
-from mmt.core.jobdir import Attempt, JobDir
+from mmt.core.jobdir import Attempt, JobDir, read_json, write_atomic
 from mmt.core.states import JobState
-from mmt.records.outcome import JobOutcome, read_primary_return, result_record, return_value_of, write_result
+from mmt.records.conclusion import conclude_from_outside
+from mmt.records.outcome import JobOutcome
 from mmt.records.ownership import lock_is_held, read_owner
-from mmt.records.payload import UnsafePayloadError, discard_payload, read_plan
+from mmt.records.payload import UnsafePayloadError, read_plan
 from mmt.records.reconcile import conclude_orphan, own_result, request_stop, save
 from mmt.records.registry import JobRecord, Registry
-from mmt.records.restarts import recorded, with_earlier_runs, with_requeues
+from mmt.records.restarts import recorded
 from mmt.records.scheduler import SchedulerRecord, read_scheduler, write_scheduler
 from mmt.records.schema import ResultRecord
 
+# what one query told of many jobs: the ids it asked about, and its answer
+Asked = Tuple[FrozenSet[str], queue.Answer]
 
-def refresh(record: JobRecord, registry: Registry) -> JobRecord:
+
+def refresh_all(records_: Sequence[JobRecord], registry: Registry) -> List[JobRecord]:
+    """Every record brought up to date with one query of SLURM for all of them (``mmt list`` of a 1,000-job sweep:
+    one squeue and one sacct, not a thousand of each)."""
+    ids = frozenset(str(r.scheduler_id) for r in records_ if r.scheduler_id and own_result(r) is None)
+    asked = (ids, queue.query(sorted(ids), accounting=queue.accounting_available())) if ids else None
+    return [refresh(record, registry, asked) for record in records_]
+
+
+def refresh(record: JobRecord, registry: Registry, asked: Optional[Asked] = None) -> JobRecord:
     result = own_result(record)
     if result is None and not record.scheduler_id:
         record = _unsubmitted(record, registry)
@@ -35,7 +47,10 @@ def refresh(record: JobRecord, registry: Registry) -> JobRecord:
     if result is None and record.scheduler_id:
         job_id = str(record.scheduler_id)
         attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
-        answer = queue.query([job_id], accounting=queue.accounting_available())
+        if asked is not None and job_id in asked[0]:
+            answer = asked[1]
+        else:
+            answer = queue.query([job_id], accounting=queue.accounting_available())
         current = answer.states.get(job_id)
         view = read_scheduler(attempt)
         if current is None and answer.unanswered is not None:
@@ -70,12 +85,22 @@ def _note_queue(
         current.state, reason, pending.explain(reason) if reason else None
     )
     first_seen = view is None or view.reason != reason
-    message = pending.check(job_id, reason) if reason and first_seen else None
+    message = pending.check(job_id, reason, _waits_for_jobs(attempt, reason)) if reason and first_seen else None
     if message is not None:
         # recorded before the cancel: whoever sees the job CANCELLED next concludes it FAILED, saying why
         seen = replace(seen, never_starts=True, message=message)
     write_scheduler(attempt, seen, view)
     return message
+
+
+def _waits_for_jobs(attempt: Attempt, reason: str) -> bool:
+    """Whether the job waits for other mmt jobs (its plan, read only for a dependency that failed)."""
+    if pending.reason_code(reason) != pending.DEPENDENCY_FAILED:
+        return False
+    try:
+        return bool(read_plan(attempt).after)
+    except (OSError, UnsafePayloadError):
+        return False
 
 
 def _conclude_ended(
@@ -101,15 +126,7 @@ def _conclude_ended(
             stopped_because=stopped_because,
             **node_fail_kwargs(scheduler_id, slurm_state),
         )
-    value = return_value_of(read_primary_return(attempt))
-    result = with_earlier_runs(result_record(plan, outcome, value, attempt.id, ended_at=time.time()), recorded(attempt))
-    result = with_requeues(result, attempt)
-    try:
-        write_result(plan, result)
-    except OSError:
-        pass  # the registry keeps it; the job dir cannot be written from here
-    discard_payload(attempt)
-    return result
+    return conclude_from_outside(plan, attempt, outcome)
 
 
 def _unsubmitted(record: JobRecord, registry: Registry) -> JobRecord:
@@ -145,8 +162,27 @@ def _scheduler_id_in_owner(record: JobRecord) -> Optional[str]:
 
 def _scheduler_id_in_queue(record: JobRecord) -> Optional[str]:
     """The SLURM job of this record's name submitted since the record was created ("" when there is none, None
-    when SLURM did not answer). The name is the backend's: unique while registered."""
-    return queue.latest_job_named(job_name_for(record.name), submitted_since=record.created_at)
+    when SLURM did not answer). The name is the backend's: unique while registered. A job array's task: the task of
+    its index in the array of the name its attempt dir records."""
+    task = read_array_task(JobDir(Path(record.job_dir)).attempt(record.attempt))
+    if task is None:
+        return queue.latest_job_named(job_name_for(record.name), submitted_since=record.created_at)
+    name, index = task
+    found = queue.latest_job_named(name, submitted_since=record.created_at)
+    return f"{found}_{index}" if found else found
+
+
+def write_array_task(attempt: Attempt, array_name: str, index: int) -> None:
+    write_atomic(attempt.array_task, json.dumps({"job_name": array_name, "index": index}).encode())
+
+
+def read_array_task(attempt: Attempt) -> Optional[Tuple[str, int]]:
+    """The job array's name and the task's index, where the job went out as a job array's task."""
+    task = read_json(attempt.array_task)
+    try:
+        return (str(task["job_name"]), int(task["index"])) if task is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def stop(record: JobRecord) -> str:
@@ -154,3 +190,15 @@ def stop(record: JobRecord) -> str:
         queue.cancel([record.scheduler_id])
         return f"{record.name}: SLURM job {record.scheduler_id} cancelled"
     return request_stop(record)
+
+
+def stop_all(records: Sequence[JobRecord]) -> List[str]:
+    """One scancel for every job that has a SLURM id (a job array's tasks named as ranges: ``456_[0-999]``)."""
+    submitted = [record for record in records if record.scheduler_id]
+    lines = [request_stop(record) for record in records if not record.scheduler_id]
+    if submitted:
+        ids = queue.compact_ids([str(record.scheduler_id) for record in submitted])
+        queue.cancel(ids)
+        names = submitted[0].name if len(submitted) == 1 else f"{len(submitted)} jobs"
+        lines.insert(0, f"{names}: SLURM job(s) {' '.join(ids)} cancelled")
+    return lines

@@ -16,7 +16,7 @@ from typing import List, Optional
 
 from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm.finalize import batch_stderr, requeued
-from mmt.backends.slurm.sbatch import RUN_STARTED_VAR
+from mmt.backends.slurm.sbatch import RUN_STARTED_VAR, own_job_id
 from mmt.core.jobdir import Attempt
 from mmt.core.rank_env import MMT_RESTART_COUNT
 from mmt.core.states import JobState
@@ -30,7 +30,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     attempt = Attempt(Path(args[0]))
     restart = int(os.environ.get(MMT_RESTART_COUNT) or 0)
-    job_id = os.environ.get("SLURM_JOB_ID", "?")
+    job_id = own_job_id()
     if not attempt.plan.exists() or requeued(attempt, job_id):
         return 1
     plan = read_plan(attempt)

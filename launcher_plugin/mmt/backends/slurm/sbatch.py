@@ -12,16 +12,18 @@ payload. ``setup`` lines are shell code on purpose (module load, conda activate)
 """
 
 import math
+import os
 import re
 import shlex
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from omegaconf import DictConfig, OmegaConf
 
 from mmt.core.errors import ConfigError
-from mmt.core.jobdir import Attempt
+from mmt.core.jobdir import WATCHED_FRESH_S, Attempt
 from mmt.core.rank_env import MMT_RESTART_COUNT
 from mmt.core.states import StartMethod, values
 from mmt.planning import validate as check
@@ -91,6 +93,8 @@ class SlurmSettings:
     kill_grace_s: float = 1.0
     # how node agents start ranks
     start_method: str = StartMethod.fork.value
+    # most tasks of each of the launch's job arrays running at once (hydra.launcher.max_parallel_jobs: %N)
+    max_parallel_jobs: Optional[int] = None
 
     @property
     def agent_per_node(self) -> bool:
@@ -200,6 +204,14 @@ class SlurmSettings:
                 maximum=3600,
             ),
             start_method=check.choice("hydra.launcher.start_method", raw["start_method"], values(StartMethod)),
+            max_parallel_jobs=None
+            if OmegaConf.select(cfg, "max_parallel_jobs", default=None) is None
+            else check.whole_number(
+                "hydra.launcher.max_parallel_jobs",
+                cfg.max_parallel_jobs,
+                1,
+                "tasks of a job array at once, e.g. hydra.launcher.max_parallel_jobs=4",
+            ),
             **text,
         )
 
@@ -243,21 +255,73 @@ def tasks_per_node(plan: JobPlan, settings: SlurmSettings) -> int:
     return 1 if settings.agent_per_node else plan.processes_per_node
 
 
-def finalize_line(attempt: Attempt) -> str:
+# a job array's task: its own job's attempt dir, looked up in the array's manifest by SLURM_ARRAY_TASK_ID
+ARRAY_ATTEMPT_VAR = "MMT_TASK_ATTEMPT"
+
+
+def own_job_id() -> str:
+    """Inside an allocation: its job as mmt (and its registry) names it, ``<array>_<index>`` for a job array's task
+    (whose SLURM_JOB_ID is a number of its own, which squeue and scancel take as well)."""
+    array, index = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{index}" if array and index else os.environ.get("SLURM_JOB_ID", "?")
+
+
+@dataclass(frozen=True)
+class TaskTarget:
+    """Where the allocation's tasks find the attempt dir of the job they run: one job's (``attempt``), or, for a job
+    array (one sbatch for many jobs that share their resources), the ``manifest``'s line that the task's
+    ``SLURM_ARRAY_TASK_ID`` picks (one attempt dir per line, the array's index order)."""
+
+    attempt: Optional[Attempt] = None
+    manifest: Optional[Path] = None
+
+    @classmethod
+    def of(cls, where: Union[Attempt, "TaskTarget"]) -> "TaskTarget":
+        return where if isinstance(where, TaskTarget) else cls(attempt=where)
+
+    @property
+    def dir_word(self) -> str:
+        """The attempt dir as one shell word of the batch script."""
+        return shlex.quote(str(self.attempt.dir)) if self.attempt is not None else f'"${ARRAY_ATTEMPT_VAR}"'
+
+    @property
+    def task_args(self) -> str:
+        """What the task runner is given: the attempt's task file, or the array's manifest."""
+        if self.attempt is not None:
+            return shlex.quote(str(self.attempt.cluster_task))
+        return f"--array {shlex.quote(str(self.manifest))}"
+
+    def setup(self) -> List[str]:
+        """A job array's task first finds its own attempt dir (SLURM counts array tasks from 0)."""
+        if self.manifest is None:
+            return []
+        line = '"$((SLURM_ARRAY_TASK_ID + 1))p"'
+        return [f"export {ARRAY_ATTEMPT_VAR}=$(sed -n {line} {shlex.quote(str(self.manifest))})"]
+
+
+def finalize_line(target: Union[Attempt, TaskTarget]) -> str:
     """The batch script's last act, whatever ends it (the tasks' end, scancel, the time limit): the job's own
     conclusion (``mmt.backends.slurm.finalize``), run by the launcher's interpreter (a shared filesystem, as for the
     job dir). Skipped when a launcher has concluded the job already, and where that interpreter is not there (a
     container-only site, where the launcher concludes)."""
-    python, where = shlex.quote(sys.executable), shlex.quote(str(attempt.dir))
+    python, where = shlex.quote(sys.executable), TaskTarget.of(target).dir_word
+    # nor when the tasks ended well while a launcher watches (a fresh Attempt.watched): it concludes the job from its
+    # files, and an interpreter started only to find that out costs a sweep of short jobs a tenth of its CPU
+    watched = f'[ -n "$(find {where}/watched -mmin -{WATCHED_FRESH_S / 60:g} 2>/dev/null)" ]'
     body = (
-        f"rc=$?; [ -e {where}/concluded ] || {{ [ -x {python} ] && {python} -m mmt.backends.slurm.finalize "
-        f'{where} "$rc" "${{{TERMINATED_VAR}:-}}"; }}'
+        f"rc=$?; [ -e {where}/concluded ] || {{ [ $rc = 0 ] && {watched}; }} || {{ [ -x {python} ] && "
+        f'{python} -m mmt.backends.slurm.finalize {where} "$rc" "${{{TERMINATED_VAR}:-}}"; }}'
     )
     return f"trap {shlex.quote(body)} EXIT"
 
 
 def sbatch_parameters(
-    plan: JobPlan, settings: SlurmSettings, project_dir: str, job_name: str, attempt: Attempt
+    plan: JobPlan,
+    settings: SlurmSettings,
+    project_dir: str,
+    job_name: str,
+    attempt: Union[Attempt, TaskTarget],
+    after: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """The parameters of submitit's SlurmExecutor for this job (its names: time, ntasks_per_node, mem ...)."""
     per_node = tasks_per_node(plan, settings)
@@ -276,6 +340,8 @@ def sbatch_parameters(
         # max_requeues=0: SLURM itself must not requeue the job either (scontrol requeue, a node failure)
         "additional_parameters": {
             "requeue" if settings.max_requeues else "no_requeue": True,
+            # the jobs it runs after (hydra.launcher.after): a dependency that fails cancels it (never pends)
+            **({"dependency": "afterok:" + ":".join(after), "kill_on_invalid_dep": "yes"} if after else {}),
             **dict(settings.sbatch_extra),
         },
     }
@@ -299,6 +365,7 @@ def sbatch_parameters(
     # unexplained: the shell ignores them (a trap with a body: the tasks keep the default disposition), the tasks get
     # them from SLURM itself (--signal, --full) and the ranks take USR2 (mmt.core.preemption)
     setup += [
+        *TaskTarget.of(attempt).setup(),
         f"export {STARTED_VAR}=$(date +%s.%N)",
         f"trap '{TERMINATED_VAR}=$(date +%s.%N)' TERM",
         f"trap '{SIGNALLED_VAR}=$(date +%s.%N)' USR1 USR2",
@@ -322,30 +389,32 @@ def signal_delay_problem(plan: JobPlan, settings: SlurmSettings) -> Optional[Con
     )
 
 
-def task_command(plan: JobPlan, settings: SlurmSettings, project_dir: str, attempt: Attempt) -> str:
-    """What srun runs in every task: mmt's own task runner on the attempt's task file (``mmt.backends.slurm.task``)."""
-    return " ".join(
-        [
-            python_command(plan, settings, project_dir),
-            "-u -m mmt.backends.slurm.task",
-            shlex.quote(str(attempt.cluster_task)),
-        ]
-    )
+def task_command(plan: JobPlan, settings: SlurmSettings, project_dir: str, attempt: Union[Attempt, TaskTarget]) -> str:
+    """What srun runs in every task: mmt's own task runner on the attempt's task file (``mmt.backends.slurm.task``),
+    or, in a job array, on the array's manifest."""
+    args = TaskTarget.of(attempt).task_args
+    return " ".join([python_command(plan, settings, project_dir), "-u -m mmt.backends.slurm.task", args])
 
 
-def render_script(plan: JobPlan, settings: SlurmSettings, project_dir: str, job_name: str, attempt: Attempt) -> str:
-    """The exact sbatch script submitit will write for this job."""
+def render_script(
+    plan: JobPlan,
+    settings: SlurmSettings,
+    project_dir: str,
+    job_name: str,
+    attempt: Union[Attempt, TaskTarget],
+    after: Sequence[str] = (),
+) -> str:
+    """The exact sbatch script submitit will write for this job (for a job array: for every job of the group)."""
     from submitit.slurm.slurm import _make_sbatch_string  # lazy: submitit is only needed for cluster=slurm
 
     folder = settings.folder
     command = task_command(plan, settings, project_dir, attempt)
-    script = _make_sbatch_string(
-        command=command, folder=folder, **sbatch_parameters(plan, settings, project_dir, job_name, attempt)
-    )
+    params = sbatch_parameters(plan, settings, project_dir, job_name, attempt, after)
+    script = _make_sbatch_string(command=command, folder=folder, **params)
     return with_restart_loop(script, plan, attempt)
 
 
-def with_restart_loop(script: str, plan: JobPlan, attempt: Attempt) -> str:
+def with_restart_loop(script: str, plan: JobPlan, attempt: Union[Attempt, TaskTarget]) -> str:
     """A job that may restart after a failure (``max_restarts``) runs its srun step again inside the allocation,
     never waiting in the queue again: after a run that failed by itself (not scancel, nor the time limit: the TERM
     trap says so), the restart step (``mmt.backends.slurm.restart``) decides, records the run and sets its records
@@ -355,7 +424,7 @@ def with_restart_loop(script: str, plan: JobPlan, attempt: Attempt) -> str:
         return script
     lines = script.split("\n")
     at = next(index for index, line in enumerate(lines) if line.startswith("srun "))
-    python, where = shlex.quote(sys.executable), shlex.quote(str(attempt.dir))
+    python, where = shlex.quote(sys.executable), TaskTarget.of(attempt).dir_word
     lines[at : at + 1] = [
         f"export {MMT_RESTART_COUNT}=0",
         "while :; do",

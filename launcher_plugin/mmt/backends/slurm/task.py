@@ -28,7 +28,7 @@ from mmt.agent.node import NodeRun
 from mmt.agent.node import run as run_node
 from mmt.agent.processes import ProcessSpec
 from mmt.backends.slurm.nodes import node_hosts, requeue_why
-from mmt.backends.slurm.sbatch import STARTED_VAR
+from mmt.backends.slurm.sbatch import STARTED_VAR, own_job_id
 from mmt.core import preemption, timeline
 from mmt.core.jobdir import Attempt, JobDir, open_for_append, write_atomic
 from mmt.core.ports import PortInUseError, hold_port
@@ -225,7 +225,7 @@ class SlurmTask:
         the batch script at once (SIGKILL), before its last step can say which node was lost."""
         for run in range(int(facts.get("restarts") or 0)):
             if not self.attempt.requeued_file(run).exists():
-                record_requeue(self.attempt, run, requeue_why(self.plan, self.attempt, facts["job_id"], run))
+                record_requeue(self.attempt, run, requeue_why(self.plan, self.attempt, own_job_id(), run))
 
     def _run_node(self, facts: Dict[str, str], node: int) -> int:
         job_dir = JobDir(Path(self.plan.job_dir))
@@ -348,8 +348,28 @@ def run_task_file(path: str) -> int:
     return task()
 
 
+def array_task_file(manifest: str) -> Path:
+    """In a job array: the task file of this task's own job, from the array's manifest (one attempt dir per line,
+    picked by ``SLURM_ARRAY_TASK_ID``)."""
+    index = int(os.environ["SLURM_ARRAY_TASK_ID"])
+    attempt = Path(manifest).read_text().splitlines()[index]
+    return Attempt(Path(attempt)).cluster_task
+
+
+def run_array_task_file(manifest: str) -> int:
+    """What submitit keeps for a job array: the same runner, for the task's own job."""
+    return run_task_file(str(array_task_file(manifest)))
+
+
+def main(argv: List[str]) -> int:
+    """``<task file>``, or ``--array <manifest>``."""
+    if argv[:1] == ["--array"]:
+        return run_array_task_file(argv[1])
+    return run_task_file(argv[0])
+
+
 if __name__ == "__main__":
     # run as the module itself, not as __main__: the pickled task's class is mmt.backends.slurm.task.SlurmTask
     from mmt.backends.slurm import task as _module
 
-    sys.exit(_module.run_task_file(sys.argv[1]))
+    sys.exit(_module.main(sys.argv[1:]))

@@ -1,0 +1,191 @@
+"""The Ray actor of one mmt node: it holds its placement-group bundle (the node's CPUs, GPUs, custom resources) and
+runs that node's agent.
+
+The job's driver creates one per node, each in its bundle of the job's placement group, and asks it in two steps:
+
+1. :meth:`NodeActor.prepare`: where it landed (its Ray node's address and id) and the ports it holds for the job:
+   MASTER_PORT on node 0, and the framework's (each TensorFlow worker's, JAX's coordinator) of this node's
+   processes; free ports, held (``mmt.core.ports``) from now until the agent ends, so that nothing takes them while
+   the ranks start. The driver makes the rendezvous from every node's answer: MASTER_ADDR is node 0's Ray address.
+2. :meth:`NodeActor.run`: the rank contract of each of the node's processes (``process_env``, as on SLURM), and
+   mmt's node agent in a process of its own (``python -m mmt.backends.ray.node``, the NodeRun on its stdin), which
+   forks the node's ranks exactly as a SLURM node agent does. Its exit code is the answer.
+
+The agent is a child of the actor's worker process, not the worker itself: a Ray worker runs gRPC threads, which a
+fork of the ranks must not inherit, and its main thread belongs to Ray. The agent dies with the worker (its
+parent-death signal), and the ranks with the agent. :meth:`NodeActor.stop` (the actor is threaded: it answers
+while ``run`` waits) sends the agent SIGTERM: it stops its ranks within the kill grace, as on SCANCEL.
+"""
+
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional
+
+from mmt.agent.node import NodeRun
+from mmt.agent.processes import ProcessSpec
+from mmt.backends.ray.task import RayTask
+from mmt.core import timeline
+from mmt.core.jobdir import JobDir
+from mmt.core.ports import hold_port
+from mmt.core.rank_env import OMP_NUM_THREADS
+from mmt.monitor import hangs
+from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
+
+NODE_MODULE = "mmt.backends.ray.node"
+# what Ray sets for its own workers only (which raylet, job and node a worker belongs to): a rank is no Ray worker,
+# and a rank's own ray.init() must not take itself for one
+RAY_WORKER_VARS = frozenset(
+    {"RAY_RAYLET_PID", "RAY_JOB_ID", "RAY_NODE_ID", "RAY_CLIENT_MODE", "RAY_LD_PRELOAD_ON_WORKERS"}
+)
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """Where a node's actor landed, and the ports it holds for the job."""
+
+    node: int
+    ip: str
+    node_id: str
+    actor_pid: int
+    # the raylet of its Ray node (the actor's parent): what `ray_cluster.sh fail-node` kills
+    raylet_pid: int
+    master_port: Optional[int]
+    # process index -> the framework port held for it here
+    framework_ports: Dict[int, int] = field(default_factory=dict)
+
+
+def node_cores(bundle: Mapping[str, float]) -> int:
+    """The cores a node's ranks share (OMP_NUM_THREADS = this // ranks per node): its bundle's CPUs, never more than
+    the host has (the test cluster's nodes declare more CPUs than this host has)."""
+    host = os.cpu_count() or 1
+    cpus = int(bundle.get("CPU", 0.0))
+    return max(1, min(cpus, host)) if cpus else host
+
+
+def inherited_env(environ: Mapping[str, str], own: Mapping[str, str]) -> Dict[str, str]:
+    """What the ranks inherit from the actor: its environment, without Ray's own worker variables, nor the
+    OMP_NUM_THREADS Ray sets for every worker (the whole bundle's CPUs, for each of the node's ranks), unless the
+    job's runtime env set it itself."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if (k != OMP_NUM_THREADS or k in own) and (k not in RAY_WORKER_VARS or k in own)
+    }
+
+
+class NodeActor:
+    """One mmt node of one run of a job (the driver wraps it with ``ray.remote``)."""
+
+    def __init__(self, task: RayTask, node: int) -> None:
+        self.task, self.node = task, node
+        self._held: List[socket.socket] = []
+        self._agent: Optional["subprocess.Popen[bytes]"] = None
+        self._stopped = False
+        self._lock = threading.Lock()
+
+    def prepare(self) -> NodeFacts:
+        import ray  # on a Ray worker: ray is there
+
+        plan = self.task.plan
+        timeline.mark_at(self.task.attempt.timeline, "ray_actor", node=self.node)
+        master = self._hold() if self.node == 0 else None
+        ports = {index: self._hold() for index in plan.framework_port_indices(self.node)}
+        return NodeFacts(
+            node=self.node,
+            ip=ray.util.get_node_ip_address(),
+            node_id=ray.get_runtime_context().get_node_id(),
+            actor_pid=os.getpid(),
+            raylet_pid=os.getppid(),
+            master_port=master,
+            framework_ports=ports,
+        )
+
+    def _hold(self) -> int:
+        sock = hold_port("")
+        self._held.append(sock)
+        return int(sock.getsockname()[1])
+
+    def run(self, rendezvous: Rendezvous, restart: int) -> int:
+        """Run the node's agent until it ends; its exit code (0: every rank of the node succeeded)."""
+        try:
+            node_run = self._node_run(rendezvous, restart)
+            with self._lock:
+                if self._stopped:  # stopped before its agent started: start none
+                    return 1
+                self._agent = subprocess.Popen(
+                    [sys.executable, "-u", "-m", NODE_MODULE],
+                    stdin=subprocess.PIPE,
+                    cwd=self._cwd(),
+                    env=os.environ.copy(),
+                )
+            assert self._agent.stdin is not None
+            with self._agent.stdin:  # the NodeRun holds the job's copied secrets: a pipe, never a file
+                self._agent.stdin.write(pickle.dumps(node_run))
+            return self._agent.wait()
+        finally:
+            for sock in self._held:
+                sock.close()
+            self._held = []
+
+    def stop(self) -> None:
+        """Stop the node's ranks (SIGTERM to the agent, which stops them within the kill grace)."""
+        with self._lock:
+            self._stopped = True
+            if self._agent is not None and self._agent.poll() is None:
+                self._agent.send_signal(signal.SIGTERM)
+
+    def _cwd(self) -> str:
+        return self.task.project_dir or os.getcwd()  # the runtime env's working_dir: Ray's copy, the actor's own
+
+    def _node_run(self, rendezvous: Rendezvous, restart: int) -> NodeRun:
+        task, plan, node = self.task, self.task.plan, self.node
+        attempt = task.attempt
+        job_dir = JobDir(Path(plan.job_dir))
+        job_dir.logs.mkdir(parents=True, exist_ok=True)
+        own = {name: os.environ.get(name, "") for name in task.own_env}
+        inherited = inherited_env(os.environ, own)
+        specs = []
+        for index in plan.node_indices(node):
+            attempt.clear_process(index)
+            place = plan.place(index)
+            env = process_env(
+                plan,
+                place,
+                rendezvous=rendezvous,
+                inherited=inherited,
+                copied=task.copied_env,
+                cores_per_node=node_cores(task.bundle),
+                python=PythonEnvironment.current(),
+                restart=restart,
+            )
+            env.update(hangs.hang_env(plan, attempt, index))
+            specs.append(
+                ProcessSpec(
+                    job_id=plan.job_id,
+                    index=index,
+                    node_rank=node,
+                    attempt_dir=task.attempt_dir,
+                    env=env,
+                    cwd=self._cwd(),
+                    log=str(job_dir.log(place.node_rank, place.rank, plan.per_node)),
+                )
+            )
+        return NodeRun(
+            job_id=plan.job_id,
+            node_rank=node,
+            job_dir=plan.job_dir,
+            attempt_dir=task.attempt_dir,
+            kill_grace_s=task.kill_grace_s,
+            preload=plan.preload,
+            method=task.start_method,
+            processes=tuple(specs),
+            metrics_interval_s=plan.metrics_interval_s,
+            hang_plan=plan if plan.hang_timeout_s is not None else None,
+        )

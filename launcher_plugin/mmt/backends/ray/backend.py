@@ -1,0 +1,413 @@
+"""The Ray backend: each mmt job becomes one Ray job, submitted through Ray's job submission API.
+
+The job's driver (``mmt.backends.ray.driver``, on the head) places its nodes as one placement group (STRICT_SPREAD),
+runs one node agent per node in an actor of its bundle, restarts a failed run while it may, and concludes the job
+itself: jobs outlive the launcher, as on SLURM. Submitting returns at once; polling reads the job's attempt dir on
+the shared filesystem (every call: a job whose processes have all reported success is done without waiting for its
+driver to tidy up) and asks Ray every ``poll_interval_s`` (``api``). A job stopped or failed outside is reported as
+such, never waited on. A job that can never be placed is refused before anything starts, in one line that says what
+it asks and what the cluster has (``placement``).
+"""
+
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from omegaconf import DictConfig
+
+from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission, Watcher
+from mmt.backends.ray import placement, records
+from mmt.backends.ray.api import ClusterNode, RayApi, RayJob, Refused, Unanswered
+from mmt.backends.ray.settings import ADDRESS_VARS, RaySettings
+from mmt.backends.ray.task import JobRef, RayTask, entrypoint, write_task_file
+from mmt.core.errors import ConfigError, MMTError
+from mmt.core.jobdir import Attempt, JobDir
+from mmt.core.states import JobState
+from mmt.planning.plan import JobPlan, Limits
+from mmt.planning.redact import MASKED
+from mmt.records.outcome import JobOutcome, all_succeeded, outcome_of_record, read_result
+from mmt.records.payload import read_plan
+from mmt.records.registry import JobRecord, Registry
+from mmt.records.restarts import recorded
+from mmt.records.scheduler import SchedulerRecord, clock, read_scheduler, write_scheduler
+from mmt.records.schema import OwnerRecord, UnknownSchemaError
+
+# how long the cluster's node list answers every plan of a launch (one query, not one per job)
+NODES_TTL_S = 5.0
+# seconds between two asks to stop a job whose cluster did not answer
+STOP_RETRY_S = 2.0
+HINT_CLUSTER = (
+    "start one (ray start --head ...), or the local test cluster: "
+    'scripts/ray_cluster.sh start && eval "$(scripts/ray_cluster.sh env)"'
+)
+
+
+@dataclass
+class RayJobHandle(JobHandle):
+    submission: Submission
+    ref: JobRef
+    submitted: float
+    state: JobState = JobState.PENDING
+    started: Optional[float] = None
+    stopped_because: Optional[str] = None
+    outcome: Optional[JobOutcome] = None
+    # what Ray said last, and what was said of it on the console (restarts, why it waits)
+    seen: Optional[RayJob] = None
+    restarts: int = 0
+    reason: Optional[str] = None
+    # a stop the cluster did not take yet (it did not answer): asked again from wait() until it does
+    stop_due: Optional[float] = None
+
+
+class SubmissionRefused(MMTError):
+    """Ray refused a job, or could not be asked: what it said and what the job asks, on one line."""
+
+
+def submission_id(plan: JobPlan, attempt_id: str) -> str:
+    """The Ray job's id: the registered name and the attempt, unique while the job is registered."""
+    return f"mmt-{plan.name}-{attempt_id}"
+
+
+class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
+    """One Ray job per mmt job; it watches the jobs it registered too."""
+
+    name = "ray"
+    survives_launcher = True
+
+    def __init__(self, settings: RaySettings) -> None:
+        self.settings = settings
+        self.project_dir = os.getcwd()
+        self._watched: List[RayJobHandle] = []
+        self._notices: List[str] = []
+        self._next_query = 0.0
+        self._nodes: Optional[Tuple[float, List[ClusterNode]]] = None
+        # since when the cluster does not answer (said once, and once when it answers again)
+        self._unanswered_since: Optional[float] = None
+
+    @classmethod
+    def from_config(cls, launcher_cfg: DictConfig) -> "RayBackend":
+        return cls(RaySettings.from_config(launcher_cfg))
+
+    @classmethod
+    def watcher(cls, poll_interval_s: float = 1.0) -> "RayBackend":
+        return cls(RaySettings.for_watching(poll_interval_s))
+
+    @classmethod
+    def refresh(cls, record: JobRecord, registry: Registry) -> JobRecord:
+        return records.refresh(record, registry)
+
+    @classmethod
+    def stop(cls, record: JobRecord) -> str:
+        return records.stop(record)
+
+    # ------------------------------------------------------------------------------------------ planning
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(
+            max_nodes=100_000,
+            max_devices=1_024,
+            max_world=10_000_000,
+            why="mmt's bound for one Ray job; the cluster refuses what it cannot place",
+        )
+
+    def problems(self, plan: JobPlan) -> List[ConfigError]:
+        if plan.after:
+            return [
+                ConfigError(
+                    "hydra.launcher.after",
+                    list(plan.after),
+                    "cluster=ray does not hold a job back for others yet",
+                    "launch it once those jobs have completed (mmt wait NAME && python train.py ...), or run the "
+                    "chain with cluster=local or cluster=slurm",
+                )
+            ]
+        if plan.image is not None:
+            return [
+                ConfigError(
+                    "image",
+                    plan.image,
+                    "cluster=ray runs every node in the Ray cluster's own Python environment (its image)",
+                    "drop image=... and start the cluster from that image, or add packages with "
+                    "hydra.launcher.runtime_env.pip",
+                )
+            ]
+        address = self.settings.address
+        if address is None:
+            return [
+                ConfigError(
+                    "hydra.launcher.address",
+                    None,
+                    "no Ray cluster named: the dashboard's address, which serves the job submission API "
+                    f"(http://<head>:8265; {' and '.join(ADDRESS_VARS)} are not set either)",
+                    f"set hydra.launcher.address=http://<head>:8265, or {HINT_CLUSTER}",
+                )
+            ]
+        try:
+            nodes = self._cluster_nodes()
+        except (Unanswered, Refused) as exc:
+            return [
+                ConfigError("hydra.launcher.address", address, f"no Ray cluster answers there: {exc}", HINT_CLUSTER)
+            ]
+        refused = placement.refusal(plan, self.settings.bundle(plan), nodes, f"the cluster at {address}")
+        if refused is None:
+            return []
+        return [
+            ConfigError(
+                refused.key,
+                refused.value,
+                refused.line,
+                "ask for fewer or smaller nodes, or add nodes to the cluster (ray start --address=<head>:<port> on "
+                "another machine; an autoscaling cluster must be able to grow to the job)",
+            )
+        ]
+
+    def _cluster_nodes(self) -> List[ClusterNode]:
+        now = time.monotonic()
+        if self._nodes is None or now - self._nodes[0] > NODES_TTL_S:
+            assert self.settings.address is not None
+            self._nodes = (now, RayApi(self.settings.address).nodes())
+        return self._nodes[1]
+
+    def describe(self, plan: JobPlan) -> List[str]:
+        bundle = self.settings.bundle(plan)
+        task = self._task(plan, JobDir(Path(plan.job_dir)).attempt("<attempt>"), "<submission id>", {})
+        runtime = self.settings.runtime_env.to_ray()
+        if "env_vars" in runtime:  # values are never printed
+            runtime["env_vars"] = {name: MASKED for name in runtime["env_vars"]}
+        lines = [
+            f"  backend    ray: one Ray job on {self.settings.address or '<no cluster address>'}; its "
+            f"{plan.num_nodes} node(s) one placement group ({placement.STRATEGY}: a Ray node each) of bundles "
+            f"{placement.describe(bundle)}; one node agent per node, in an actor of its bundle",
+            "  rendezvous MASTER_ADDR=<node 0's Ray address>, MMT_NODE_ADDRS=<the bundles' Ray addresses, in node "
+            "order>; MASTER_PORT and the framework's ports: free ports held by each node's actor",
+            f"  driver     {entrypoint(task, task.attempt.cluster_task)}",
+            f"  runtime    {runtime or '{} (the cluster: its Python has mmt and the app installed)'}",
+        ]
+        return lines + [f"  WARNING    {problem}" for problem in self.problems(plan)]
+
+    def owner_active(self, owner: OwnerRecord) -> bool:
+        """Whether the Ray job of a launch recorded in a job dir still runs (on this launch's cluster)."""
+        if not owner.scheduler_id or self.settings.address is None:
+            return False
+        try:
+            job = RayApi(self.settings.address).job(str(owner.scheduler_id))
+        except (Unanswered, Refused):
+            return True  # it cannot be asked: it may still run
+        return job is not None and not job.final
+
+    # ------------------------------------------------------------------------------------------ the interface
+
+    def _task(self, plan: JobPlan, attempt: Attempt, sid: str, copied: Dict[str, str]) -> RayTask:
+        runtime = self.settings.runtime_env
+        return RayTask(
+            plan=plan,
+            attempt_dir=str(attempt.dir),
+            submission_id=sid,
+            bundle=self.settings.bundle(plan),
+            project_dir=None if runtime.working_dir is not None else self.project_dir,
+            kill_grace_s=self.settings.kill_grace_s,
+            start_method=self.settings.start_method,
+            own_env=tuple(name for name, _ in runtime.env_vars),
+            copied_env=copied,
+        )
+
+    def submit(self, submission: Submission) -> RayJobHandle:
+        plan, attempt = submission.plan, submission.attempt
+        assert self.settings.address is not None, "problems() names a missing address before anything is submitted"
+        sid = submission_id(plan, attempt.id)
+        ref = JobRef(self.settings.address, sid)
+        ref.write(attempt)  # first: whoever finds the job later (`mmt list`) knows where to ask
+        task = self._task(plan, attempt, sid, dict(submission.copied_env))
+        path = write_task_file(task)
+        runtime = self.settings.runtime_env
+        try:
+            RayApi(ref.address).submit(
+                entrypoint(task, path),
+                sid,
+                runtime.to_ray(),
+                metadata={"mmt_job": plan.name, "mmt_job_dir": plan.job_dir},
+                upload=runtime.local_working_dir,
+            )
+        except (Unanswered, Refused) as exc:
+            raise SubmissionRefused(
+                f"{plan.label} ({plan.name}): Ray did not take it: {exc}; it asks {plan.num_nodes} Ray nodes with "
+                f"{placement.describe(task.bundle)} each. HINT: check the cluster (ray status, "
+                f"{ref.address}), then submit again"
+            ) from None
+        job = RayJobHandle(submission=submission, ref=ref, submitted=time.monotonic())
+        self._watched.append(job)
+        self._next_query = time.monotonic() + self.settings.poll_interval_s
+        self._notices.append(
+            f"mmt: job {plan.num} ({plan.name}) submitted as Ray job {sid} to {ref.address} ({plan.num_nodes} nodes "
+            f"x {plan.devices}, bundles {placement.describe(task.bundle)}); its driver's log: "
+            f"ray job logs --address {ref.address} {sid}"
+        )
+        return job
+
+    def attach(self, record: JobRecord) -> RayJobHandle:
+        """A job another process submitted, watched from here (``mmt wait``)."""
+        attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
+        ref = JobRef.read(attempt) or JobRef(self.settings.address or "", str(record.scheduler_id))
+        job = RayJobHandle(
+            submission=Submission(plan=read_plan(attempt), attempt=attempt),
+            ref=ref,
+            submitted=time.monotonic(),
+            restarts=len(recorded(attempt)),
+        )
+        self._watched.append(job)
+        self._next_query = 0.0
+        return job
+
+    def poll(self, handle: RayJobHandle) -> JobSnapshot:
+        if handle.outcome is None:
+            self._update(handle)
+        return JobSnapshot(state=handle.state, scheduler_id=handle.ref.submission_id, outcome=handle.outcome)
+
+    def cancel(self, handle: RayJobHandle, reason: str) -> None:
+        if handle.outcome is None and handle.stopped_because is None:
+            handle.stopped_because = reason
+            handle.state = JobState.STOPPING
+            # first: whoever concludes the job (its driver, `mmt list`) then says why it was stopped
+            records.mark_stopped(handle.attempt, handle.ref.submission_id, reason)
+            self._send_stop(handle)
+            self._next_query = 0.0
+
+    def kill(self, handle: RayJobHandle) -> None:
+        """Ray itself SIGKILLs a stopped job's driver after its grace (3 s), and the actors go with it: asked again."""
+        if handle.outcome is None:
+            self._send_stop(handle)
+
+    def _send_stop(self, job: RayJobHandle) -> None:
+        try:
+            RayApi(job.ref.address).stop(job.ref.submission_id)
+            job.stop_due = None
+        except (Unanswered, Refused) as exc:
+            if job.stop_due is None:
+                self._notices.append(
+                    f"mmt: could not stop Ray job {job.ref.submission_id} ({job.plan.name}): {exc}; asking again "
+                    f"every {STOP_RETRY_S:g} s until the cluster answers (the job runs on meanwhile)"
+                )
+            job.stop_due = time.monotonic() + STOP_RETRY_S
+
+    def wait(self, timeout_s: float) -> None:
+        time.sleep(min(timeout_s, 0.1))
+        now = time.monotonic()
+        for job in self._watched:
+            if job.outcome is None and job.stop_due is not None and now >= job.stop_due:
+                self._send_stop(job)
+        if now >= self._next_query:
+            self._query()
+
+    def drain_notices(self) -> List[str]:
+        notices, self._notices = self._notices, []
+        return notices
+
+    # ------------------------------------------------------------------------------------------ watching
+
+    def _query(self) -> None:
+        self._next_query = time.monotonic() + self.settings.poll_interval_s
+        unanswered = None
+        for job in [job for job in self._watched if job.outcome is None]:
+            try:
+                seen = RayApi(job.ref.address).job(job.ref.submission_id)
+            except (Unanswered, Refused) as exc:
+                unanswered = str(exc)
+                view = read_scheduler(job.attempt)
+                write_scheduler(
+                    job.attempt,
+                    (view or SchedulerRecord(scheduler_id=job.ref.submission_id)).unanswered(records.DASHBOARD),
+                    view,
+                )
+                continue
+            job.seen = (
+                seen if seen is not None else RayJob(job.ref.submission_id, "GONE", "the cluster does not know it")
+            )
+        self._say_unanswered(unanswered)
+
+    def _say_unanswered(self, unanswered: Optional[str]) -> None:
+        if unanswered is not None and self._unanswered_since is None:
+            self._unanswered_since = time.time()
+            self._notices.append(
+                f"mmt: {unanswered} since {time.strftime('%H:%M:%S')}; the jobs' states are the last ones seen "
+                "until it answers (they run on)"
+            )
+        elif unanswered is None and self._unanswered_since is not None:
+            self._notices.append(
+                f"mmt: the Ray dashboard answers again (it did not since {clock(self._unanswered_since)})"
+            )
+            self._unanswered_since = None
+
+    def _update(self, job: RayJobHandle) -> None:
+        now = time.monotonic()
+        if all_succeeded(job.plan, job.attempt):
+            # done: the driver still removes the placement group, nothing that changes the result
+            duration = now - (job.started or job.submitted)
+            self._conclude(job, JobOutcome(JobState.COMPLETED, duration, scheduler_id=job.ref.submission_id))
+            return
+        if self._concluded_itself(job, now):
+            return
+        self._note_restarts(job)
+        self._note_waiting(job)
+        seen = job.seen
+        if seen is None:
+            return
+        if not seen.final:
+            if seen.status == "RUNNING" and job.started is None:
+                job.started = now
+            if job.stopped_because is None:
+                job.state = JobState(records.running_state(job.attempt, seen))
+            return
+        if self._concluded_itself(job, now):  # the driver wrote its result as it ended
+            return
+        outcome = records.outcome_ended(
+            job.plan, job.attempt, job.ref.submission_id, None if seen.status == "GONE" else seen
+        )
+        if job.stopped_because is not None and outcome.status != JobState.COMPLETED:
+            outcome = replace(
+                outcome, status=JobState.INTERRUPTED, failure=None, detail=f"stopped: {job.stopped_because}"
+            )
+        outcome.duration_s = now - (job.started or job.submitted)
+        self._conclude(job, outcome)
+
+    def _concluded_itself(self, job: RayJobHandle, now: float) -> bool:
+        """The job's driver concluded it (``finalized``, result.json of this attempt): its result is the job's."""
+        if not job.attempt.finalized.exists():
+            return False
+        try:
+            own = read_result(Path(job.plan.job_dir))
+        except UnknownSchemaError:
+            return False
+        if own is None or not own.concludes(job.attempt.id):
+            return False
+        outcome = outcome_of_record(own)
+        if outcome.duration_s is None:
+            outcome.duration_s = now - (job.started or job.submitted)
+        self._conclude(job, outcome)
+        return True
+
+    def _note_restarts(self, job: RayJobHandle) -> None:
+        """A run that failed and restarts (its driver recorded it): said once."""
+        runs = recorded(job.attempt)
+        for run in runs[job.restarts :]:
+            self._notices.append(
+                f"mmt: job {job.plan.num} (Ray {job.ref.submission_id}): run {run.restart} failed: {run.error}; "
+                f"restart {run.restart + 1} of {job.plan.max_restarts} on the nodes that are left; it resumes in "
+                f"{job.plan.job_dir}"
+            )
+        job.restarts = max(job.restarts, len(runs))
+
+    def _note_waiting(self, job: RayJobHandle) -> None:
+        """Why the job waits for its nodes, as its driver wrote it (scheduler.json): said once per reason."""
+        view = read_scheduler(job.attempt)
+        reason = view.explanation if view is not None and view.state == "PENDING" else None
+        if reason != job.reason:
+            job.reason = reason
+            if reason:
+                self._notices.append(f"mmt: job {job.plan.num} ({job.plan.name}) {reason}")
+
+    def _conclude(self, job: RayJobHandle, outcome: JobOutcome) -> None:
+        job.outcome, job.state = outcome, outcome.status
+        self._watched.remove(job)

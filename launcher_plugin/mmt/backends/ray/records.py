@@ -1,0 +1,146 @@
+"""Ray jobs as registered, from any process (``mmt list``, ``mmt stop``, the SDK): their state from the job dir and
+the cluster's job API, and a stop.
+
+Which cluster and Ray job an attempt is, is in its attempt dir (``ray.json``, written before the job was submitted).
+A job whose launcher was killed runs on and concludes itself (its driver writes ``result.json``); one whose driver
+was killed too is concluded here from what its processes left and what Ray says, as the driver would have."""
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+from mmt.backends.ray.api import RayApi, RayJob, Refused, Unanswered
+from mmt.backends.ray.conclusion import ended_outside
+from mmt.backends.ray.task import JobRef
+from mmt.core.jobdir import Attempt, JobDir
+from mmt.core.states import JobState
+from mmt.planning.plan import JobPlan
+from mmt.records.conclusion import conclude_from_outside
+from mmt.records.outcome import JobOutcome
+from mmt.records.ownership import lock_is_held
+from mmt.records.payload import UnsafePayloadError, read_plan
+from mmt.records.reconcile import conclude_orphan, own_result, request_stop, save
+from mmt.records.registry import JobRecord, Registry
+from mmt.records.restarts import pending_restart, recorded
+from mmt.records.scheduler import SchedulerRecord, read_scheduler, write_scheduler
+from mmt.records.schema import ResultRecord
+
+# who scheduler.json names when the cluster cannot be asked
+DASHBOARD = "the Ray dashboard"
+# why `mmt stop` stopped a job (its driver says so in the result)
+STOP_REQUESTED = "stopped on request (mmt stop)"
+
+
+def attempt_of(record: JobRecord) -> Attempt:
+    return JobDir(Path(record.job_dir)).attempt(record.attempt)
+
+
+def running_state(attempt: Attempt, job: RayJob) -> str:
+    """mmt's state of a Ray job that has not ended: RESTARTING between a failed run and the next."""
+    if job.status == "PENDING":
+        return JobState.PENDING.value
+    return JobState.RESTARTING.value if pending_restart(attempt) is not None else JobState.RUNNING.value
+
+
+def refresh(record: JobRecord, registry: Registry) -> JobRecord:
+    result = own_result(record)
+    if result is None and not record.scheduler_id:
+        record = _unsubmitted(record, registry)
+        if JobState(record.state).final or not record.scheduler_id:
+            return record
+    state = record.state
+    attempt = attempt_of(record)
+    ref = JobRef.read(attempt)
+    if result is None and ref is not None:
+        view = read_scheduler(attempt)
+        try:
+            job = RayApi(ref.address).job(ref.submission_id)
+        except (Unanswered, Refused):
+            # the cluster cannot be asked: the state stays the last one seen, and scheduler.json says since when
+            unanswered = (view or SchedulerRecord(scheduler_id=ref.submission_id)).unanswered(DASHBOARD)
+            write_scheduler(attempt, unanswered, view)
+            return save(record, registry, state, None)
+        if job is not None and not job.final:
+            state = running_state(attempt, job)
+            runs = len(recorded(attempt))  # restarts by its driver so far
+            if runs != record.restarts:
+                record.restarts = runs
+                registry.update(record.name, restarts=runs)
+        else:
+            # its driver writes the result before it exits: read again, then conclude as it would have
+            result = own_result(record) or conclude_ended(record, attempt, job)
+    return save(record, registry, state, result)
+
+
+def conclude_ended(record: JobRecord, attempt: Attempt, job: Optional[RayJob]) -> Optional[ResultRecord]:
+    """A Ray job that ended (or that the cluster no longer knows) without its driver's result: concluded from what
+    its processes left, what Ray says, and why its launcher stopped it (scheduler.json)."""
+    try:
+        plan = read_plan(attempt)
+    except (OSError, UnsafePayloadError):  # its payload is gone or unsafe: `mmt wait` tells more
+        return None
+    scheduler_id = str(record.scheduler_id)
+    outcome = outcome_ended(plan, attempt, scheduler_id, job)
+    return conclude_from_outside(plan, attempt, outcome)
+
+
+def outcome_ended(plan: JobPlan, attempt: Attempt, scheduler_id: str, job: Optional[RayJob]) -> JobOutcome:
+    """How a Ray job ended that its driver did not conclude (the launcher and ``mmt list`` alike)."""
+    status, message = (job.status, job.message) if job is not None else ("GONE", "the cluster no longer knows it")
+    outcome = ended_outside(plan, attempt, scheduler_id, status, message)
+    view = read_scheduler(attempt)
+    if outcome.status != JobState.COMPLETED and view is not None and view.stopped_because:
+        outcome.status, outcome.failure = JobState.INTERRUPTED, None
+        outcome.detail = f"stopped: {view.stopped_because}"
+    return outcome
+
+
+def _unsubmitted(record: JobRecord, registry: Registry) -> JobRecord:
+    """A record without a Ray job id: its launcher is submitting it (it holds the job dir's lock), or died before it
+    saved the id: after submitting (the cluster knows the job's id, from ray.json) or before (FAILED)."""
+    if lock_is_held(Path(record.job_dir)):
+        return record
+    current = registry.get(record.name)  # read again: the launcher may have saved the id and ended since
+    if current is None or current.attempt != record.attempt or current.scheduler_id or JobState(current.state).final:
+        return current or record
+    ref = JobRef.read(attempt_of(current))
+    if ref is not None:
+        try:
+            job = RayApi(ref.address).job(ref.submission_id)
+        except (Unanswered, Refused):
+            return current  # the cluster cannot be asked now: nothing can be concluded
+        if job is not None:
+            registry.update(current.name, scheduler_id=ref.submission_id)
+            current.scheduler_id = ref.submission_id
+            return current
+    return conclude_orphan(
+        current,
+        registry,
+        f"its launcher (pid {current.supervisor_pid} on "
+        f"{current.supervisor_host}) ended before the job was submitted (killed?)",
+    )
+
+
+def mark_stopped(attempt: Attempt, scheduler_id: str, why: str) -> None:
+    """scheduler.json says why the job is stopped, before the stop: whoever concludes it then says so."""
+    view = read_scheduler(attempt)
+    write_scheduler(attempt, _with_stop(view or SchedulerRecord(scheduler_id=scheduler_id), why), view)
+
+
+def _with_stop(view: SchedulerRecord, why: str) -> SchedulerRecord:
+    return view if view.stopped_because else replace(view, stopped_because=why)
+
+
+def stop(record: JobRecord) -> str:
+    attempt = attempt_of(record)
+    ref = JobRef.read(attempt)
+    if not record.scheduler_id or ref is None:
+        return request_stop(record)  # not submitted yet: its launcher stops it
+    mark_stopped(attempt, ref.submission_id, STOP_REQUESTED)
+    try:
+        stopped = RayApi(ref.address).stop(ref.submission_id)
+    except (Unanswered, Refused) as exc:
+        return f"{record.name}: could not stop Ray job {ref.submission_id}: {exc}"
+    if not stopped:
+        return f"{record.name}: Ray job {ref.submission_id} had ended already"
+    return f"{record.name}: Ray job {ref.submission_id} stopped"
