@@ -516,3 +516,22 @@ def test_the_live_page_shows_why_a_job_waits_and_that_one_could_never_start(tmp_
     # a record that is not one (a newer mmt's, a foreign file) says nothing, and breaks nothing
     attempt.scheduler.write_text('{"schema": 99, "state": "PENDING"}')
     assert data.job_summary("x", root)["note"] is None
+
+
+def test_sacct_answers_for_an_array_s_tasks_listed_as_a_range_or_only_under_the_array_s_own_record(monkeypatch):
+    """Tasks that never started have no record of their own in sacct: while the array runs they are a range
+    (``711_[2-999%2]``), once it has ended SLURM may list them under the array's own record (``711``) alone."""
+    from mmt.backends.slurm import queue
+
+    answers = {
+        "range": "711_0|CANCELLED by 0|0:0\n711_1|COMPLETED|0:0\n711_[2-999%2]|CANCELLED by 0|0:0\n",
+        "own record": "711_0|CANCELLED by 0|0:0\n711_1|COMPLETED|0:0\n711|CANCELLED by 0|0:0\n",
+    }
+    for shape, out in answers.items():
+        monkeypatch.setattr(queue, "ask", lambda args, out=out, **_: out)
+        found = queue._sacct(["711_1", "711_5", "711_999"])
+        assert {job_id: state.state for job_id, state in found.items()} == {
+            "711_1": "COMPLETED",
+            "711_5": "CANCELLED",
+            "711_999": "CANCELLED",
+        }, shape

@@ -111,8 +111,9 @@ def watch(
 def _following(watched: List[Watched], following: bool) -> None:
     """Say in each attempt dir whether this launcher follows the job to its end (``Attempt.watched``, touched again
     every WATCHED_FRESH_S / 3: a SLURM job that ends well then starts no interpreter of its own to conclude itself).
-    Best effort: without a fresh mark, the job concludes itself as a detached one does."""
-    for item in watched:
+    Best effort: without a fresh mark, the job concludes itself as a detached one does. Only jobs that outlive
+    their launcher can conclude themselves: a local job is never marked."""
+    for item in (item for item in watched if item.survives_launcher):
         try:
             if following:
                 item.handle.attempt.watched.touch()

@@ -115,16 +115,21 @@ def index_ranges(numbers: Iterable[int]) -> str:
 
 
 def _sacct(ids: list) -> Optional[Dict[str, SlurmState]]:
-    # a job array's tasks that never started are only listed under the array's own id (``711_[2-999%2]``)
+    # a job array's tasks that never started are only listed under the array's own id: as a range (``711_[2-999%2]``)
+    # or, once the array has ended, as the array's own record (``711``), which stands for every task not listed
     arrays = sorted({job_id.split("_", 1)[0] for job_id in ids if "_" in job_id})
     out = ask(["sacct", "-X", "-n", "-P", "-D", "-j", ",".join([*ids, *arrays]), "-o", "JobID,State,ExitCode"])
     if out is None:
         return None
     found: Dict[str, SlurmState] = {}
     asked = set(ids)
+    unlisted: Dict[str, SlurmState] = {}  # an array's own record: its tasks that have no record of their own
     for line in out.splitlines():
         parts = line.split("|")
         if len(parts) < 3:
+            continue
+        if parts[0] in arrays and parts[0] not in asked:
+            unlisted[parts[0]] = SlurmState(parts[1].split()[0] if parts[1] else "PENDING", parts[2])
             continue
         for job_id in job_ids_in(parts[0]):
             if job_id not in asked:
@@ -132,6 +137,10 @@ def _sacct(ids: list) -> Optional[Dict[str, SlurmState]]:
             previous = found.get(job_id)
             restarts = (previous.restarts + 1) if previous else 0  # -D lists every run of a requeued job
             found[job_id] = SlurmState(parts[1].split()[0] if parts[1] else "PENDING", parts[2], restarts)
+    for job_id in asked - set(found):
+        array = job_id.split("_", 1)[0]
+        if "_" in job_id and array in unlisted:
+            found[job_id] = unlisted[array]
     return found
 
 
