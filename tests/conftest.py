@@ -152,3 +152,42 @@ def ray_cluster():
     yield env
     if started_here:
         subprocess.run([script, "stop"], capture_output=True, timeout=120)
+
+
+# ------------------------------------------------------------------------------------------------ container images
+
+
+@pytest.fixture(scope="session")
+def podman_image(tmp_path_factory) -> dict:
+    """mmt's test image, built offline from this host's Python and venv by scripts/build_test_image.py (cached by
+    content), and the same rootfs without Python: ``{"image": ..., "without_python": ...}``.
+
+    Podman here runs with runc and cgroupfs and without default ulimits (crun fails on this host's hybrid cgroups,
+    and the default setrlimit fails in this sandbox): a test-only containers.conf, through CONTAINERS_CONF, which a
+    user's machine does not need. Skips where podman or runc is not installed; with MMT_REQUIRE_CONTAINERS=1 (CI)
+    it fails instead."""
+    import shutil
+    import sys
+
+    required = os.environ.get("MMT_REQUIRE_CONTAINERS") == "1"
+    missing = [tool for tool in ("podman", "runc") if shutil.which(tool) is None]
+    if missing:
+        why = f"{' and '.join(missing)} not installed (apt-get install podman runc)"
+        if required:
+            pytest.fail(f"containers required (MMT_REQUIRE_CONTAINERS=1) but {why}")
+        pytest.skip(why)
+    if "CONTAINERS_CONF" not in os.environ:
+        conf = tmp_path_factory.mktemp("containers") / "containers.conf"
+        conf.write_text('[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\nruntime = "runc"\n')
+        os.environ["CONTAINERS_CONF"] = str(conf)
+    script = str(TESTS.parent / "scripts" / "build_test_image.py")
+    images = {}
+    for key, extra in (("image", []), ("without_python", ["--without-python"])):
+        built = subprocess.run([sys.executable, script, *extra], capture_output=True, text=True, timeout=900)
+        if built.returncode != 0:
+            message = f"could not build the test image: {built.stderr[-2000:]}"
+            if required:
+                pytest.fail(message)
+            pytest.skip(message)
+        images[key] = built.stdout.strip().splitlines()[-1]
+    return images

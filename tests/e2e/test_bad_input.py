@@ -10,13 +10,10 @@ from helpers.mounts import tmpfs
 
 
 def test_a_refusal_reaches_the_console_as_one_line_and_nothing_starts(tmp_path, tag):
-    # refused by the backend after the job was planned (cluster=local runs no container image)
-    done = run_app("recipe=probe", "image=nvcr.io/nvidia/pytorch:24.05-py3", sweep_dir=tmp_path, tag=tag)
+    # refused by the backend after the job was planned (this host has no GPU)
+    done = run_app("recipe=probe", "machine=h100_x_8", "num_nodes=2", sweep_dir=tmp_path, tag=tag)
     assert done.returncode != 0
-    assert (
-        "Invalid image='nvcr.io/nvidia/pytorch:24.05-py3': cluster=local runs every node in this host's Python "
-        "environment"
-    ) in done.stderr, done.stderr
+    assert "Invalid machine='h100_x_8': 2 nodes x 8 GPUs need 16 GPUs on this host" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, "a config error is a message, not a stack trace"
     assert job_dirs(tmp_path) == [], "no job may start"
 

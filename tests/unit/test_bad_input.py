@@ -53,9 +53,12 @@ CASES = [
     (["hydra.launcher.timeout_min=0"], "Invalid hydra.launcher.timeout_min=0.0: expected a number > 0"),
     (["hydra.launcher.start_method=vfork"], "Invalid value 'vfork', expected one of [fork, spawn]"),
     (
-        ["image=nvcr.io/nvidia/pytorch:24.05-py3"],
-        "Invalid image='nvcr.io/nvidia/pytorch:24.05-py3': cluster=local "
-        "runs every node in this host's Python environment",
+        ["image=nvcr.io/nvidia/pytorch:24.05-py3", "hydra.launcher.container_mounts=[/data]"],
+        "Invalid hydra.launcher.container_mounts='/data': a bind mount SRC:DST[:OPTIONS] with DST an absolute path",
+    ),
+    (
+        ["image=nvcr.io/nvidia/pytorch:24.05-py3", "hydra.launcher.container_runtime=lxc"],
+        "Invalid value 'lxc', expected one of [podman, docker]",
     ),
     (["machine=h100_x_8", "num_nodes=2"], "Invalid machine='h100_x_8': 2 nodes x 8 GPUs need 16 GPUs on this host"),
 ]

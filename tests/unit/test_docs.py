@@ -206,7 +206,6 @@ _ONLY_ON = re.compile(r"\((local|slurm) only\)", re.I)
 _OTHER = {"local": "slurm", "slurm": "local"}
 # keys whose value a backend may refuse, each with a value to plan with (a JobPlan field and its value)
 RESTRICTION_SAMPLES: Dict[str, Tuple[str, Any]] = {
-    "image": ("image", "nvcr.io/nvidia/pytorch:24.05-py3"),
     "max_restarts": ("max_restarts", 1),
     "hang_timeout_min": ("hang_timeout_s", 600.0),
     "framework": ("framework", "jax"),

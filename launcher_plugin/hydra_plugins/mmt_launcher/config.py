@@ -39,6 +39,11 @@ class ContainerRuntime(enum.Enum):
     singularity = "singularity"
 
 
+class LocalContainerRuntime(enum.Enum):
+    podman = "podman"
+    docker = "docker"
+
+
 @dataclass
 class JobConf:
     """What each job is, and how a launch runs. Values are validated when a job is planned (mmt.planning)."""
@@ -127,6 +132,10 @@ class LocalLauncherConf(JobConf):
     max_parallel_ranks: Optional[int] = None
     # address of node 0 (all simulated nodes share this host's loopback)
     master_addr: str = "127.0.0.1"
+    # the container CLI that runs each simulated node of a job with an `image` in a container of its own
+    container_runtime: LocalContainerRuntime = LocalContainerRuntime.podman
+    # bind mounts for the containers: ["/host/path:/container/path", ...]; the job dir and project dir always are
+    container_mounts: List[str] = field(default_factory=list)
 
 
 @dataclass

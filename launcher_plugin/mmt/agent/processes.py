@@ -15,7 +15,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, Set
+from typing import Dict, Iterable, Set, Tuple
 
 from mmt.core import proctree
 from mmt.core.jobdir import Attempt, open_for_append
@@ -36,6 +36,9 @@ class ProcessSpec:
     env: Dict[str, str]
     cwd: str
     log: str
+    # a program to run instead of the worker (a rank inside its node's container: ``podman exec ... <name> ...``);
+    # it runs with the agent's environment plus ``env``, which the runtime passes in by name (``-e NAME``)
+    argv: Tuple[str, ...] = ()
 
 
 class Spawner:
@@ -118,6 +121,8 @@ def _become_process(spec: ProcessSpec, method: str) -> None:
         os.dup2(log, 2)
         os.closerange(3, 1 << 16)  # the agent's socket, pipes and locks are not the rank's business
         os.chdir(spec.cwd)
+        if spec.argv:  # the values stay off the command line: the runtime reads them from its own environment
+            os.execvpe(spec.argv[0], list(spec.argv), {**os.environ, **spec.env})
         os.environ.clear()
         os.environ.update(spec.env)
         args = [spec.attempt_dir, str(spec.index)]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, NoReturn, Optional, Tuple
 
+from mmt.agent import containers as node_containers
 from mmt.agent import protocol
 from mmt.agent.jobs import JobProcesses
 from mmt.agent.metrics import JobMetrics
@@ -39,6 +40,8 @@ class StartJob:
     preload: Tuple[str, ...]
     processes: Tuple[ProcessSpec, ...]
     metrics_interval_s: float = 0.0
+    # the nodes' containers (a job with an image), started by the backend: removed when the job ends
+    containers: Tuple[node_containers.NodeContainer, ...] = ()
 
 
 class HostAgent:
@@ -48,6 +51,7 @@ class HostAgent:
         self.jobs: Dict[str, JobProcesses] = {}
         self.metrics: Dict[str, JobMetrics] = {}
         self.pid_to_job: Dict[int, str] = {}
+        self.containers: Dict[str, Tuple[node_containers.NodeContainer, ...]] = {}
         self.jobs_started = 0
 
     def serve(self) -> None:
@@ -90,6 +94,8 @@ class HostAgent:
     def start(self, request: StartJob) -> None:
         job = JobProcesses(request.job_id, Attempt(Path(request.attempt_dir)), request.kill_grace_s)
         self.jobs[request.job_id] = job
+        if request.containers:
+            self.containers[request.job_id] = request.containers
         self.metrics[request.job_id] = JobMetrics(request.job_dir, request.processes, request.metrics_interval_s)
         path = job.attempt.timeline
         if not self.jobs_started:  # the agent's own start, once: it was warmed up before the first job
@@ -127,6 +133,8 @@ class HostAgent:
         if job.ended:
             del self.jobs[job.job_id]
             del self.metrics[job.job_id]
+            # the ranks are gone: what is left in the containers (their init) goes before the job is reported over
+            node_containers.remove(self.containers.pop(job.job_id, ()))
             self.send({"op": "ended", "job_id": job.job_id})
 
     def send(self, message: dict) -> None:
@@ -146,6 +154,7 @@ class HostAgent:
         for job in self.jobs.values():
             job.kill_now()
         self.reap(report=False)
+        node_containers.remove([c for held in self.containers.values() for c in held])
         os._exit(0)
 
 

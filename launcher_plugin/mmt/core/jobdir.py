@@ -325,6 +325,11 @@ class Attempt:
         return self.dir / "job.pkl"
 
     @property
+    def containers(self) -> Path:
+        """Which container runtime holds the nodes of a job with an image (``mmt.agent.containers``)."""
+        return self.dir / "containers.json"
+
+    @property
     def cluster_task(self) -> Path:
         """What each task of a cluster job runs (``mmt.backends.slurm.task``), with the secrets it copies."""
         return self.dir / "task.pkl"

@@ -99,6 +99,8 @@ MMT_STACKS_FILE = "MMT_STACKS_FILE"
 # where the job writes (its Hydra output dir) and which job this is; handy for `command=` scripts
 MMT_JOB_DIR = "MMT_JOB_DIR"
 MMT_JOB_ID = "MMT_JOB_ID"
+# a command's container (a local job with an image): the JSON argv that runs a program in the rank's node container
+MMT_CONTAINER_EXEC = "MMT_CONTAINER_EXEC"
 # the job's batch plan (only when the recipe states batch.global_size)
 MMT_GLOBAL_BATCH_SIZE = "MMT_GLOBAL_BATCH_SIZE"
 MMT_MICRO_BATCH_SIZE = "MMT_MICRO_BATCH_SIZE"

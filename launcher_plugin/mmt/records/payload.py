@@ -19,7 +19,7 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, List
 
 import cloudpickle
 
@@ -44,7 +44,8 @@ class UnsafePayloadError(RuntimeError):
 def write_payload(attempt: Attempt, payload: JobPayload) -> None:
     attempt.create()
     write_atomic(attempt.plan, pickle.dumps(payload.plan), private=True)
-    write_atomic(attempt.payload_meta, json.dumps({"sys_path": list(sys.path)}).encode(), private=True)
+    meta = {"sys_path": list(sys.path), "prefixes": sorted({sys.prefix, sys.base_prefix, sys.exec_prefix})}
+    write_atomic(attempt.payload_meta, json.dumps(meta).encode(), private=True)
     write_atomic(attempt.payload, cloudpickle.dumps(payload), private=True)
 
 
@@ -93,13 +94,53 @@ def open_private(path: Path) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
+def import_path(launcher_path: List[str], launcher_prefixes: List[str]) -> List[str]:
+    """The launcher's ``sys.path``; in another Python (a container's), that Python's own path first, and none of the
+    launcher's interpreter or venv dirs (the mounted project may hold the host's venv: its torch is not this one)."""
+    own = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    if not launcher_prefixes or own == sorted(set(launcher_prefixes)):
+        return list(launcher_path)
+    theirs = [p.rstrip("/") + "/" for p in launcher_prefixes]
+    extra = [
+        p
+        for p in launcher_path
+        if p not in sys.path and os.path.isdir(p) and not any((p.rstrip("/") + "/").startswith(t) for t in theirs)
+    ]
+    return [*sys.path, *extra]
+
+
+class _AbsentPluginClass:
+    """Stands for a class of a Hydra plugin not installed here: takes whatever its pickle gives it (an enum's value,
+    a dataclass's state) and is never used."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
+class _PayloadUnpickler(pickle.Unpickler):
+    """cloudpickle's payload, read by the standard unpickler (cloudpickle writes plain pickles), where a Hydra plugin
+    installed beside the launcher but not where the rank runs (an image) does not fail the rank: Hydra's config
+    store holds every plugin's config classes, and the rank composes nothing from them."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return super().find_class(module, name)
+        except ModuleNotFoundError:
+            if not module.startswith("hydra_plugins."):
+                raise
+            return type(name, (_AbsentPluginClass,), {"__module__": module})
+
+
 def read_payload(attempt: Attempt) -> JobPayload:
     with open_private(attempt.payload_meta) as handle:
         meta = json.loads(handle.read())
     # the task function and config may reference modules next to the app (recipes/): import them the same way
-    sys.path[:] = list(meta["sys_path"])
+    sys.path[:] = import_path(meta["sys_path"], meta.get("prefixes", []))
     with open_private(attempt.payload) as handle:
-        return cloudpickle.load(handle)
+        return _PayloadUnpickler(handle).load()
 
 
 def discard_payload(attempt: Attempt) -> None:

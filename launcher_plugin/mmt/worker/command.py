@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Set, Tuple
 
 from mmt.core import proctree, rank_env
 from mmt.core.ports import listening_ports
@@ -170,8 +170,11 @@ def _on_sigterm(signum: int, _frame: Any) -> None:
     os.kill(os.getpid(), signum)  # die of the signal, as a rank without a command would
 
 
-def command_task(command: str) -> Callable[[Any], Dict[str, Any]]:
-    """A task function that runs ``command`` in a shell with this process's environment (the rank contract)."""
+def command_task(command: str, container: Sequence[str] = ()) -> Callable[[Any], Dict[str, Any]]:
+    """A task function that runs ``command`` in a shell with this process's environment (the rank contract);
+    ``container``: the ``exec`` that runs it in the node's container instead (``MMT_CONTAINER_EXEC``), which passes
+    the contract in by name."""
+    shell = [*container, "sh", "-c", command] if container else ["/bin/sh", "-c", command]
 
     def run_command(_cfg: Any) -> Dict[str, Any]:
         sys.stdout.flush()
@@ -181,7 +184,7 @@ def command_task(command: str) -> Callable[[Any], Dict[str, Any]]:
         started = time.monotonic()
         guard = ListenerGuard.for_this_process()
         try:
-            code, reason = _wait(subprocess.Popen(["/bin/sh", "-c", command], env=os.environ.copy()), guard)
+            code, reason = _wait(subprocess.Popen(shell, env=os.environ.copy()), guard)
         finally:
             left = stop_descendants()
             signal.signal(signal.SIGTERM, previous)

@@ -10,6 +10,7 @@ the attempt dir (``mmt.core.jobdir``): an error record if it raised, the primary
 """
 
 import copy
+import json
 import os
 import sys
 import traceback
@@ -18,6 +19,7 @@ from typing import Any, Optional
 
 from mmt.core import preemption, stacks, timeline
 from mmt.core.jobdir import Attempt, write_atomic
+from mmt.core.rank_env import MMT_CONTAINER_EXEC
 from mmt.records.payload import JobPayload, read_payload
 from mmt.records.schema import ErrorRecord
 from mmt.worker import guards
@@ -179,7 +181,8 @@ def run(attempt: Attempt, index: int) -> int:
     if primary:
         _write_hydra_dir(payload)
     plan = payload.plan
-    task = _marked(payload.task_function if plan.command is None else command_task(plan.command), index)
+    container = json.loads(os.environ.get(MMT_CONTAINER_EXEC) or "[]")
+    task = _marked(payload.task_function if plan.command is None else command_task(plan.command, container), index)
     ret = run_job(
         hydra_context=context,
         task_function=task,

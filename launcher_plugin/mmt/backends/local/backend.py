@@ -7,28 +7,30 @@ job and kept for as long as the backend lives, forks every process; it stops a j
 This module keeps the queue, the time limits and the GPUs, and turns what the agent reports into job states.
 """
 
+import json
 import os
 import select
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Deque, Dict, List, Optional, Sequence, Set
+from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Set
 
 from omegaconf import DictConfig, OmegaConf
 
+from mmt.agent import containers
 from mmt.agent.client import AgentClient, AgentGone
 from mmt.agent.processes import ProcessSpec
 from mmt.agent.server import StartJob
 from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission
 from mmt.backends.dependencies import dependency_state, why_cancelled
-from mmt.backends.local import records
+from mmt.backends.local import images, records
 from mmt.backends.local.host import PortReservations, cpu_cores, visible_gpus
 from mmt.backends.local.watch import LocalWatcher
 from mmt.core import proctree
 from mmt.core.errors import ConfigError
 from mmt.core.jobdir import JobDir
-from mmt.core.rank_env import MMT_JOB_ID
+from mmt.core.rank_env import MMT_CONTAINER_EXEC, MMT_JOB_ID, RankPlace
 from mmt.core.states import JobState, StartMethod, values
 from mmt.monitor import hangs
 from mmt.planning import validate as check
@@ -52,6 +54,8 @@ class LocalSettings:
     kill_grace_s: float
     # most jobs running at once (hydra.launcher.max_parallel_jobs); None: no limit
     max_parallel_jobs: Optional[int] = None
+    # how a job with an image runs its nodes (hydra.launcher.container_runtime, container_mounts)
+    containers: images.ContainerSettings = images.ContainerSettings()
 
     @classmethod
     def from_config(cls, cfg: Any) -> "LocalSettings":
@@ -71,6 +75,7 @@ class LocalSettings:
                 maximum=3600,
             ),
             max_parallel_jobs=max_parallel_jobs(cfg),
+            containers=images.ContainerSettings.from_config(cfg),
         )
 
 
@@ -149,17 +154,7 @@ class LocalBackend(Backend[LocalJob]):
         )
 
     def problems(self, plan: JobPlan) -> List[ConfigError]:
-        found = []
-        if plan.image is not None:
-            found.append(
-                ConfigError(
-                    "image",
-                    plan.image,
-                    "cluster=local runs every node in this host's Python environment and uses no container runtime",
-                    "drop image=... to run here, or submit with cluster=slurm, which runs "
-                    "images through pyxis or apptainer",
-                )
-            )
+        found = images.problems(plan, self.settings.containers)
         needed = plan.world_size if plan.machine.gpus else 0
         if needed > len(self.host_gpus):
             found.append(
@@ -188,7 +183,11 @@ class LocalBackend(Backend[LocalJob]):
                 f"  after      starts once every job of {', '.join(plan.after)} has completed; CANCELLED if one "
                 "ends otherwise"
             )
-        return lines + [f"  WARNING    {problem}" for problem in self.problems(plan)]
+        problems = self.problems(plan)
+        if plan.image is not None and not problems:
+            env = self._process_env(plan, plan.places()[0], Rendezvous(self.settings.master_addr, None), {}, 0)
+            lines += images.describe(plan, self.settings.containers, os.getcwd(), env)
+        return lines + [f"  WARNING    {problem}" for problem in problems]
 
     # ------------------------------------------------------------------------------------------ the interface
 
@@ -309,24 +308,24 @@ class LocalBackend(Backend[LocalJob]):
             node_addrs=(self.settings.master_addr,) * plan.num_nodes,
             framework_ports=tuple(job.framework_ports),
         )
-        cores_per_node = max(1, cpu_cores() // plan.num_nodes)  # simulated nodes share this host's cores
+        cwd = os.getcwd()
+        nodes = self._node_containers(job, cwd)
         specs = []
         for index, place in enumerate(plan.places()):
-            env = process_env(
-                plan,
-                place,
-                rendezvous=rendezvous,
-                inherited=os.environ,
-                copied=job.submission.copied_env,
-                cores_per_node=cores_per_node,
-                python=self.python,
-                restart=job.submission.restart,
-            )
+            env = self._process_env(plan, place, rendezvous, job.submission.copied_env, job.submission.restart)
             env.update(hangs.hang_env(plan, job.attempt, index))  # where progress shows, where a stack goes
             if job.gpus:  # node n sees its own devices; LOCAL_RANK indexes into them
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus[place.node_rank * plan.devices :][: plan.devices])
             elif self.host_gpus:
                 env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU job on a GPU host keeps its hands off the GPUs
+            argv: tuple = ()
+            if nodes:  # a process of a job with an image, in its node's container
+                prefix = images.exec_prefix(self.settings.containers, nodes[place.node_rank].name, env, cwd)
+                if plan.command is None:
+                    argv = (*prefix, *images.worker_argv(str(job.attempt.dir), index))
+                else:  # mmt's process runs here, the command in the container, with the contract passed in by name
+                    env = self._host_env(plan, place, rendezvous, job, env)
+                    env[MMT_CONTAINER_EXEC] = json.dumps(prefix)
             specs.append(
                 ProcessSpec(
                     job_id=plan.job_id,
@@ -334,14 +333,21 @@ class LocalBackend(Backend[LocalJob]):
                     node_rank=place.node_rank,
                     attempt_dir=str(job.attempt.dir),
                     env=env,
-                    cwd=os.getcwd(),
+                    cwd=cwd,
                     log=str(job_dir.log(place.node_rank, place.rank, plan.per_node)),
+                    argv=argv,
                 )
             )
         if plan.hang_timeout_s is not None:
             job.hang = hangs.HangWatch(plan, job.attempt)
         job.started = time.monotonic()
         job.deadline = job.started + max(0.0, plan.timeout_s - job.submission.time_used_s)
+        if nodes:
+            containers.record(job.attempt, nodes)
+            failed = containers.start(nodes)
+            if failed is not None:
+                self._conclude(job, JobOutcome(JobState.FAILED, 0.0, detail=failed))
+                return
         job.state = JobState.RUNNING
         job.running = set(range(len(specs)))
         self.jobs[plan.job_id] = job
@@ -351,11 +357,68 @@ class LocalBackend(Backend[LocalJob]):
                 job_dir=plan.job_dir,
                 attempt_dir=str(job.attempt.dir),
                 kill_grace_s=self.settings.kill_grace_s,
-                preload=plan.preload,
+                # the task function's ranks run in the image's Python, not forked from here
+                preload=() if nodes and plan.command is None else plan.preload,
                 processes=tuple(specs),
                 metrics_interval_s=plan.metrics_interval_s,
+                containers=tuple(nodes),
             )
         )
+
+    def _host_env(
+        self, plan: JobPlan, place: RankPlace, rendezvous: Rendezvous, job: LocalJob, ours: Dict[str, str]
+    ) -> Dict[str, str]:
+        """A command's own process on this host: this host's environment, with what the container gets on top."""
+        env = self._process_env(plan, place, rendezvous, job.submission.copied_env, job.submission.restart, here=True)
+        env.update(ours)
+        return env
+
+    def _process_env(
+        self,
+        plan: JobPlan,
+        place: RankPlace,
+        rendezvous: Rendezvous,
+        copied: Mapping[str, str],
+        restart: int,
+        here: bool = False,
+    ) -> Dict[str, str]:
+        """A process's environment; a job with an image: the one in the container (``here``: its process here)."""
+        cores_per_node = max(1, cpu_cores() // plan.num_nodes)  # simulated nodes share this host's cores
+        if plan.image is None or here:
+            return process_env(
+                plan,
+                place,
+                rendezvous=rendezvous,
+                inherited=os.environ,
+                copied=copied,
+                cores_per_node=cores_per_node,
+                python=self.python,
+                restart=restart,
+            )
+        # in a container: the job's own variables, never this host's PATH, venv or libraries
+        env = process_env(
+            plan,
+            place,
+            rendezvous=rendezvous,
+            inherited={},
+            copied=copied,
+            cores_per_node=cores_per_node,
+            python=None,
+            restart=restart,
+        )
+        return images.container_env(env, plan, os.getcwd())
+
+    def _node_containers(self, job: LocalJob, cwd: str) -> List[containers.NodeContainer]:
+        """The containers of a job with an image, one per simulated node (none without one)."""
+        plan = job.plan
+        if plan.image is None:
+            return []
+        return [
+            images.node_container(
+                plan, self.settings.containers, images.container_name(plan.job_id, job.attempt.id, node), node, cwd
+            )
+            for node in range(plan.num_nodes)
+        ]
 
     def _stop(self, job: LocalJob, status: JobState, detail: str) -> None:
         if job.stop_sent is not None:
@@ -416,6 +479,8 @@ class LocalBackend(Backend[LocalJob]):
             agent.close(timeout_s=1)
         for job in list(self.jobs.values()):
             proctree.stop_tagged({MMT_JOB_ID: job.plan.job_id}, self.settings.kill_grace_s)
+            if job.plan.image is not None:
+                containers.remove_labelled(self.settings.containers.runtime, job.plan.job_id)
             del self.jobs[job.plan.job_id]
             ended = time.monotonic()
             status = job.stop_status if job.stop_status is not None else JobState.FAILED

@@ -4,6 +4,7 @@ run dir (mmt.records.liveness), which the job cannot delete, unlike its job dir.
 
 from pathlib import Path
 
+from mmt.agent import containers
 from mmt.core.jobdir import JobDir
 from mmt.core.states import JobState
 from mmt.records.liveness import supervisor_alive
@@ -15,9 +16,11 @@ from mmt.records.restarts import pending_restart
 def refresh(record: JobRecord, registry: Registry) -> JobRecord:
     alive = supervisor_alive(record)  # before reading the result: the beacon is released after it is written
     result = own_result(record)
-    if result is None and not alive:
-        return conclude_orphan(record, registry, _orphan_reason(record))
     job_dir = JobDir(Path(record.job_dir))
+    if result is None and not alive:
+        if record.attempt:  # a job with an image: its nodes' containers, by their label
+            containers.remove_recorded(job_dir.attempt(record.attempt), record.job_id)
+        return conclude_orphan(record, registry, _orphan_reason(record))
     state = record.state
     if result is None and pending_restart(job_dir.attempt(record.attempt)) is not None:
         state = JobState.RESTARTING.value  # between a failed run and the next: its supervisor says when

@@ -1,0 +1,105 @@
+"""The containers of a local job's simulated nodes: started before its ranks, removed when it ends, whatever ends it.
+
+A node of a job with an ``image`` is one container (``<runtime> run -d --rm --network=host ...``) that only
+waits (``sleep infinity`` under the runtime's init); each of the node's processes is a ``<runtime> exec`` into it,
+which the agent starts and supervises like any rank: the exec client's exit status is the rank's. The in-container
+processes carry the job's tag (``MMT_JOB_ID``), so stopping a job reaches them through the same sweep as any
+process a job left behind (``mmt.agent.jobs``), and removing the container (``rm -f``) ends whatever is left.
+
+Every container is labelled with its job (``mmt.job=<job id>``): whoever finds a job's supervisor gone removes
+them by that label (:func:`remove_labelled`), and the attempt dir says which runtime they are in
+(``Attempt.containers``), so nothing outlives a SIGKILLed launcher.
+"""
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+from mmt.core.jobdir import Attempt, read_json, write_atomic
+
+JOB_LABEL = "mmt.job"
+_CLI_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class NodeContainer:
+    """One simulated node's container: its name and the command that starts it."""
+
+    runtime: str
+    name: str
+    node_rank: int
+    run_argv: Tuple[str, ...]
+
+
+def start(containers: Sequence[NodeContainer]) -> Optional[str]:
+    """Start every node's container at once; None when all started, else why the first failed (any that started
+    are removed again)."""
+    running = [
+        (container, subprocess.Popen(container.run_argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        for container in containers
+    ]
+    failures = []
+    for container, process in running:
+        _, err = process.communicate(timeout=_CLI_TIMEOUT_S)
+        if process.returncode != 0:
+            text = err.decode(errors="replace").strip().splitlines()
+            failures.append(f"node {container.node_rank}'s container did not start: {text[-1] if text else ''}")
+    if failures:
+        remove(containers)
+        return failures[0]
+    return None
+
+
+def remove(containers: Sequence[NodeContainer]) -> None:
+    """Remove these containers now (killing what runs in them); one that is already gone is no error."""
+    by_runtime: dict = {}
+    for container in containers:
+        by_runtime.setdefault(container.runtime, []).append(container.name)
+    for runtime, names in by_runtime.items():
+        _remove_names(runtime, names)
+
+
+def remove_labelled(runtime: str, job_id: str) -> None:
+    """Remove every container of this job, found by its label (a job whose supervisor is gone)."""
+    try:
+        listed = subprocess.run(
+            [runtime, "ps", "-aq", "--filter", f"label={JOB_LABEL}={job_id}"],
+            capture_output=True,
+            text=True,
+            timeout=_CLI_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    ids = listed.stdout.split()
+    if ids:
+        _remove_names(runtime, ids)
+
+
+def _remove_names(runtime: str, names: List[str]) -> None:
+    # podman waits 10 s for a container's init to stop by default: the ranks are already stopped, so kill at once
+    grace = ["-t", "0"] if Path(runtime).name == "podman" else []
+    try:
+        subprocess.run(
+            [runtime, "rm", "-f", *grace, *names],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=_CLI_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        pass  # a runtime that hangs: the label still finds them at the next mmt list or stop
+
+
+def record(attempt: Attempt, containers: Sequence[NodeContainer]) -> None:
+    """Note in the attempt dir which runtime holds the job's containers (read by :func:`remove_recorded`)."""
+    if containers:
+        noted = {"runtime": containers[0].runtime, "names": [c.name for c in containers]}
+        write_atomic(attempt.containers, json.dumps(noted).encode())
+
+
+def remove_recorded(attempt: Attempt, job_id: str) -> None:
+    """Remove what an attempt recorded it ran in (its containers by label): for a job concluded from outside."""
+    noted = read_json(attempt.containers)
+    if isinstance(noted, dict) and isinstance(noted.get("runtime"), str):
+        remove_labelled(noted["runtime"], job_id)

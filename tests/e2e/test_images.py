@@ -1,0 +1,241 @@
+"""image= on cluster=local: every simulated node in its own podman container, both shapes, and nothing left behind.
+
+Real podman (with runc), a real image built offline from this host's Python (scripts/build_test_image.py: torch,
+Lightning, hydra-core, no mmt, /train.py, and /etc/mmt-test-image, a file only the image has), real gloo.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from helpers.app import app_command, app_env, job_dirs, results, run_app
+from helpers.paths import REPO
+from helpers.processes import wait_gone, wait_until
+
+MMT = str(Path(sys.executable).with_name("mmt"))
+# the image's own script, with the rank contract and nothing of mmt's
+SHAPE_1 = ("command='python3 /train.py'", "command_mode=per_rank", "num_nodes=2", "devices=2")
+# a rank's interpreter says it ran in the image: sitecustomize, on the ranks' PYTHONPATH through a mount
+IN_IMAGE_MARK = """
+import os
+if os.environ.get("RANK") is not None:
+    with open(os.path.join(os.path.dirname(__file__), "rank" + os.environ["RANK"]), "w") as f:
+        f.write(str(os.path.exists("/etc/mmt-test-image")))
+"""
+
+
+def containers_of(job: str) -> list:
+    """The containers labelled with this job id, or with this job dir."""
+    label = f"mmt.job_dir={job}" if job.startswith("/") else f"mmt.job={job}"
+    listed = subprocess.run(["podman", "ps", "-aq", "--filter", f"label={label}"], capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
+    return listed.stdout.split()
+
+
+def image_results(job_dir: Path) -> list:
+    found = []
+    for log in sorted((job_dir / "logs").glob("node*.rank*.log")):
+        for line in log.read_text().splitlines():
+            if line.startswith("MMT_IMAGE_RESULT "):
+                found.append(json.loads(line.split(" ", 1)[1]))
+    return sorted(found, key=lambda r: r["rank"])
+
+
+def assert_no_containers_left(sweep: Path) -> None:
+    for job_dir in job_dirs(sweep):
+        assert containers_of(str(job_dir)) == [], f"containers left for {job_dir}"
+
+
+# ------------------------------------------------------------------------------------------------ the two shapes
+
+
+def test_shape_1_the_image_brings_everything_its_script_runs_on_every_rank_in_a_container(podman_image, tmp_path, tag):
+    done = run_app(f"image={podman_image['image']}", *SHAPE_1, sweep_dir=tmp_path, tag=tag)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    [job] = job_dirs(tmp_path)
+    ranks = image_results(job)
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert all(r["in_image"] for r in ranks), "every rank ran inside the image"
+    assert [(r["node_rank"], r["local_rank"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert {r["sum"] for r in ranks} == {10.0}, "the all-reduce went across both nodes' containers"
+    assert len({r["weights"] for r in ranks}) == 1, "one model: identical weights on every rank"
+    assert containers_of(str(job)) == []
+
+
+def test_shape_2_the_task_function_trains_recipe_lm_in_the_image_with_mmt_mounted(podman_image, tmp_path, tag):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (marks / "sitecustomize.py").write_text(IN_IMAGE_MARK)
+    done = run_app(
+        f"image={podman_image['image']}",
+        "recipe=lm",
+        "num_nodes=2",
+        "devices=2",
+        "recipe.max_steps=20",
+        f"hydra.launcher.container_mounts=[{marks}:{marks}]",
+        f"+env.PYTHONPATH={marks}",
+        sweep_dir=tmp_path / "sweep",
+        tag=tag,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    [result] = results(tmp_path / "sweep")
+    value = result["return_value"]
+    assert value["world_size"] == 4
+    assert value["train_loss_last"] < value["train_loss_first"], "the loss went down"
+    assert len(value["weight_digests"]) == 4 and len(set(value["weight_digests"])) == 1
+    assert {p.name: p.read_text() for p in marks.glob("rank*")} == {f"rank{r}": "True" for r in range(4)}
+    assert_no_containers_left(tmp_path / "sweep")
+
+
+# ------------------------------------------------------------------------------------------------ nothing left
+
+
+def test_a_failing_rank_fails_the_job_naming_it_and_leaves_no_container(podman_image, tmp_path, tag):
+    failing = "command='if [ \"$RANK\" = 2 ]; then exit 7; fi; sleep 60'"
+    done = run_app(
+        f"image={podman_image['image']}", failing, "command_mode=per_rank", "num_nodes=2", "devices=2",
+        sweep_dir=tmp_path, tag=tag,
+    )  # fmt: skip
+    assert done.returncode != 0
+    [result] = results(tmp_path)
+    assert result["status"] == "FAILED"
+    assert result["failure"]["rank"] == 2 and "7" in json.dumps(result["failure"]), result["failure"]
+    assert_no_containers_left(tmp_path)
+
+
+def test_a_restart_runs_in_new_containers_and_leaves_none(podman_image, tmp_path, tag):
+    # rank 1 fails on the first run only; the restarted job completes
+    once = 'command=\'if [ "$MMT_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ]; then exit 3; fi; python3 /train.py\''
+    done = run_app(
+        f"image={podman_image['image']}", once, "command_mode=per_rank", "num_nodes=2", "devices=2",
+        "hydra.launcher.max_restarts=1", "hydra.launcher.restart_backoff_s=0.2", sweep_dir=tmp_path, tag=tag,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    [result] = results(tmp_path)
+    assert result["status"] == "COMPLETED" and result["restarts"] == 1, result
+    assert all(r["in_image"] for r in image_results(job_dirs(tmp_path)[0]))
+    assert_no_containers_left(tmp_path)
+
+
+def test_ctrl_c_stops_the_ranks_and_removes_the_containers(podman_image, tmp_path, tag):
+    launcher = subprocess.Popen(
+        app_command(f"image={podman_image['image']}", "command='sleep 120'", "num_nodes=2", sweep_dir=tmp_path),
+        cwd=REPO,
+        env=app_env(tag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        job = wait_until(lambda: job_dirs(tmp_path), 60, "the job dir")[0]
+        wait_until(lambda: len(list((job / "logs").glob("node*.log"))) == 2, 60, "both nodes started")
+        time.sleep(1)
+        launcher.send_signal(signal.SIGINT)
+        launcher.wait(timeout=60)
+    finally:
+        launcher.kill()
+    [result] = results(tmp_path)
+    assert result["status"] == "INTERRUPTED", result
+    assert_no_containers_left(tmp_path)
+
+
+def _mmt(*args: str, cwd: Path, tag: str) -> subprocess.CompletedProcess:
+    return subprocess.run([MMT, *args], cwd=cwd, env=app_env(tag), capture_output=True, text=True, timeout=120)
+
+
+def _row(cwd: Path, name: str, tag: str) -> dict:
+    listed = _mmt("list", "--json", cwd=cwd, tag=tag)
+    assert listed.returncode == 0, listed.stderr
+    return {row["name"]: row for row in json.loads(listed.stdout)}.get(name, {})
+
+
+def _detached(podman_image: dict, tmp_path: Path, tag: str, name: str) -> str:
+    started = _mmt(
+        "run", "--name", name, "--num-machines", "2", "--image", podman_image["image"], "--detach",
+        "--command", "sleep 120", cwd=tmp_path, tag=tag,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-3000:]
+    wait_until(lambda: _row(tmp_path, name, tag).get("status") == "Running", 60, "the job running")
+    from helpers.service import registered
+
+    job_id = registered(name)[name]["job_id"]
+    wait_until(lambda: len(containers_of(job_id)) == 2, 60, "both nodes' containers")
+    return job_id
+
+
+def test_mmt_stop_of_a_detached_job_removes_its_containers(podman_image, tmp_path, tag):
+    name = f"img-stop-{tag[:6]}"
+    job_id = _detached(podman_image, tmp_path, tag, name)
+    stopped = _mmt("stop", name, cwd=tmp_path, tag=tag)
+    assert stopped.returncode == 0, stopped.stderr
+    wait_until(lambda: _row(tmp_path, name, tag).get("state") in ("INTERRUPTED", "CANCELLED"), 60, "the job stopped")
+    wait_until(lambda: containers_of(job_id) == [], 30, "no container left")
+
+
+def test_a_sigkilled_supervisor_leaves_no_container_once_mmt_list_has_seen_it(podman_image, tmp_path, tag):
+    from helpers.service import registered
+
+    name = f"img-kill-{tag[:6]}"
+    job_id = _detached(podman_image, tmp_path, tag, name)
+    os.kill(registered(name)[name]["supervisor_pid"], signal.SIGKILL)  # kill -9, the OOM killer
+    assert wait_gone(tag, 30) == []
+    row = _row(tmp_path, name, tag)  # mmt list concludes it
+    assert row["state"] == "FAILED", row
+    assert containers_of(job_id) == []
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+
+
+def _refused(tmp_path: Path, *overrides: str, env_path: str = "") -> str:
+    extra = {"PATH": env_path} if env_path else {}
+    done = run_app(*overrides, "num_nodes=2", sweep_dir=tmp_path / "sweep", **extra)
+    assert done.returncode != 0
+    assert not (tmp_path / "sweep" / "0" / "logs").exists(), "nothing started"
+    lines = [line for line in done.stderr.splitlines() if line.startswith("Invalid ")]
+    assert len(lines) == 1, done.stderr[-3000:]
+    return lines[0]
+
+
+def test_an_image_the_runtime_does_not_have_is_refused_naming_image(podman_image, tmp_path):
+    line = _refused(tmp_path, "image=localhost/no-such-image:1", "command='true'")
+    assert line.startswith("Invalid image='localhost/no-such-image:1'") and "podman pull" in line
+
+
+def test_a_runtime_that_is_not_installed_is_refused_saying_what_to_install(podman_image, tmp_path):
+    line = _refused(
+        tmp_path, f"image={podman_image['image']}", "command='true'", env_path=str(Path(sys.executable).parent)
+    )
+    assert line.startswith("Invalid hydra.launcher.container_runtime='podman'") and "install" in line
+
+
+def test_an_image_without_python3_is_refused_for_the_task_function(podman_image, tmp_path):
+    line = _refused(tmp_path, f"image={podman_image['without_python']}", "recipe=probe")
+    assert line.startswith("Invalid image=") and "no python3" in line
+
+
+def test_a_missing_mount_source_is_refused_naming_container_mounts(podman_image, tmp_path):
+    line = _refused(
+        tmp_path, f"image={podman_image['image']}", "command='true'", "hydra.launcher.container_mounts=[/no/such:/data]"
+    )
+    assert line.startswith("Invalid hydra.launcher.container_mounts='/no/such:/data'")
+
+
+def test_the_dry_run_prints_node_0s_container_command_with_no_secret_in_it(podman_image, tmp_path):
+    done = run_app(
+        f"image={podman_image['image']}", "recipe=probe", "num_nodes=2", "devices=2", "+env.API_TOKEN=s3cr3t-value",
+        "hydra.launcher.dry_run=true", sweep_dir=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run] = [line for line in done.stdout.splitlines() if line.strip().startswith("container ")]
+    [first] = [line for line in done.stdout.splitlines() if line.strip().startswith("process 0 ")]
+    assert "podman run -d --rm --init --pull=never --network=host" in run and podman_image["image"] in run
+    assert "podman exec" in first and "-e API_TOKEN" in first and "-e RANK" in first
+    assert "python3 -u -m mmt.worker.main" in first
+    assert "s3cr3t-value" not in done.stdout + done.stderr
+    assert not job_dirs(tmp_path) or not (job_dirs(tmp_path)[0] / "logs").exists()
