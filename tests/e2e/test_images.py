@@ -19,12 +19,16 @@ from helpers.processes import wait_gone, wait_until
 MMT = str(Path(sys.executable).with_name("mmt"))
 # the image's own script, with the rank contract and nothing of mmt's
 SHAPE_1 = ("command='python3 /train.py'", "command_mode=per_rank", "num_nodes=2", "devices=2")
-# a rank's interpreter says it ran in the image: sitecustomize, on the ranks' PYTHONPATH through a mount
+# every process forked in the job's Python says whether it runs in the image (the ranks are forked by their node's
+# agent): sitecustomize, on the ranks' PYTHONPATH through a mount
 IN_IMAGE_MARK = """
-import os
-if os.environ.get("RANK") is not None:
-    with open(os.path.join(os.path.dirname(__file__), "rank" + os.environ["RANK"]), "w") as f:
+import os, uuid
+
+def _mark():
+    with open(os.path.join(os.path.dirname(__file__), f"fork-{uuid.uuid4().hex}"), "w") as f:
         f.write(str(os.path.exists("/etc/mmt-test-image")))
+
+os.register_at_fork(after_in_child=_mark)
 """
 
 
@@ -88,7 +92,8 @@ def test_shape_2_the_task_function_trains_recipe_lm_in_the_image_with_mmt_mounte
     assert value["world_size"] == 4
     assert value["train_loss_last"] < value["train_loss_first"], "the loss went down"
     assert len(value["weight_digests"]) == 4 and len(set(value["weight_digests"])) == 1
-    assert {p.name: p.read_text() for p in marks.glob("rank*")} == {f"rank{r}": "True" for r in range(4)}
+    forked = [p.read_text() for p in marks.glob("fork-*")]
+    assert len(forked) >= 4 and set(forked) == {"True"}, "every rank was forked in the image's Python"
     assert_no_containers_left(tmp_path / "sweep")
 
 
@@ -227,15 +232,22 @@ def test_a_missing_mount_source_is_refused_naming_container_mounts(podman_image,
 
 
 def test_the_dry_run_prints_node_0s_container_command_with_no_secret_in_it(podman_image, tmp_path):
-    done = run_app(
-        f"image={podman_image['image']}", "recipe=probe", "num_nodes=2", "devices=2", "+env.API_TOKEN=s3cr3t-value",
-        "hydra.launcher.dry_run=true", sweep_dir=tmp_path,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    [run] = [line for line in done.stdout.splitlines() if line.strip().startswith("container ")]
-    [first] = [line for line in done.stdout.splitlines() if line.strip().startswith("process 0 ")]
-    assert "podman run -d --rm --init --pull=never --network=host" in run and podman_image["image"] in run
+    secret = "+env.API_TOKEN=s3cr3t-value"
+    task = run_app(f"image={podman_image['image']}", "recipe=probe", "num_nodes=2", "devices=2", secret,
+                   "hydra.launcher.dry_run=true", sweep_dir=tmp_path / "task")  # fmt: skip
+    command = run_app(f"image={podman_image['image']}", *SHAPE_1, secret, "hydra.launcher.dry_run=true",
+                      sweep_dir=tmp_path / "command")  # fmt: skip
+    for done in (task, command):
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "s3cr3t-value" not in done.stdout + done.stderr
+    # the task function: node 0's container runs its node agent, in the image's Python
+    [run] = [line for line in task.stdout.splitlines() if line.strip().startswith("container ")]
+    assert "podman run --rm --init --pull=never --network=host --uts=host" in run and podman_image["image"] in run
+    assert "--entrypoint python3" in run and "-u -m mmt.agent.node" in run and "/opt/mmt/mmt:ro" in run
+    # a command: a container that waits, and the command exec-ed into it with the contract passed by name
+    [run] = [line for line in command.stdout.splitlines() if line.strip().startswith("container ")]
+    [first] = [line for line in command.stdout.splitlines() if line.strip().startswith("process 0 ")]
+    assert "podman run -d --rm" in run and "/opt/mmt" not in run and run.endswith("infinity")
     assert "podman exec" in first and "-e API_TOKEN" in first and "-e RANK" in first
-    assert "python3 -u -m mmt.worker.main" in first
-    assert "s3cr3t-value" not in done.stdout + done.stderr
-    assert not job_dirs(tmp_path) or not (job_dirs(tmp_path)[0] / "logs").exists()
+    assert first.endswith("sh -c 'python3 /train.py'")
+    assert job_dirs(tmp_path / "task") == [] or not (job_dirs(tmp_path / "task")[0] / "logs").exists()

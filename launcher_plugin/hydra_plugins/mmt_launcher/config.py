@@ -37,6 +37,7 @@ class ContainerRuntime(enum.Enum):
     pyxis = "pyxis"
     apptainer = "apptainer"
     singularity = "singularity"
+    oci = "oci"  # SLURM's own: srun --container <bundle dir>, with the cluster's oci.conf
 
 
 class LocalContainerRuntime(enum.Enum):

@@ -34,8 +34,18 @@ class Process:
 
 
 class JobProcesses:
-    def __init__(self, job_id: str, attempt: Attempt, kill_grace_s: float, node_rank: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        attempt: Attempt,
+        kill_grace_s: float,
+        node_rank: Optional[int] = None,
+        rank_records: bool = True,
+    ) -> None:
+        """``rank_records``: its processes are the job's ranks, whose exits it records; False for processes that
+        record their ranks' exits themselves (node agents in containers)."""
         self.job_id, self.attempt, self.kill_grace_s = job_id, attempt, kill_grace_s
+        self.rank_records = rank_records
         # the tags every process of this job (on this node, for a SLURM node agent) inherits
         self.tags = {MMT_JOB_ID: job_id} if node_rank is None else {MMT_JOB_ID: job_id, NODE_RANK: str(node_rank)}
         self.by_pid: Dict[int, Process] = {}
@@ -51,7 +61,8 @@ class JobProcesses:
     # --------------------------------------------------------------------------------------------- events
 
     def started(self, index: int, pid: int) -> None:
-        timeline.mark_at(self.attempt.timeline, timeline.RANK_FORK, process=index)
+        if self.rank_records:
+            timeline.mark_at(self.attempt.timeline, timeline.RANK_FORK, process=index)
         process = Process(index=index, pid=pid)
         self.by_pid[pid] = process
         if self.stopping_since is not None:  # stopped before this one even started
@@ -64,11 +75,12 @@ class JobProcesses:
         if process is None:
             return None
         process.code = code
-        timeline.mark_at(self.attempt.timeline, timeline.RANK_EXIT, process=process.index, code=code)
-        try:
-            ExitRecord(code=code, stopped=process.stopped).write(self.attempt.exit_file(process.index))
-        except OSError:  # a full disk must not stop supervision; the exit is still reported live
-            pass
+        if self.rank_records:
+            timeline.mark_at(self.attempt.timeline, timeline.RANK_EXIT, process=process.index, code=code)
+            try:
+                ExitRecord(code=code, stopped=process.stopped).write(self.attempt.exit_file(process.index))
+            except OSError:  # a full disk must not stop supervision; the exit is still reported live
+                pass
         if code != 0 and not process.stopped and self.first_failure is None and self.stopping_since is None:
             self.first_failure = process
             self.stop()

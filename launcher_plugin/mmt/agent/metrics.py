@@ -12,11 +12,11 @@ from mmt.core.jobdir import JobDir
 
 class JobMetrics:
     def __init__(self, job_dir: str, specs: Iterable[ProcessSpec], interval_s: float) -> None:
-        from mmt.monitor.sampler import NodeSampler  # psutil: only where metrics are sampled
-
         self.node_of: Dict[int, int] = {spec.index: spec.node_rank for spec in specs}
         visible = {spec.node_rank: spec.env.get("CUDA_VISIBLE_DEVICES") for spec in specs}
         paths = JobDir(Path(job_dir))
+        if interval_s > 0:
+            from mmt.monitor.sampler import NodeSampler  # psutil: only where metrics are sampled
         self.samplers = (
             {
                 node: NodeSampler(paths.node_metrics(node), node, interval_s, visible_gpus=gpus)

@@ -12,9 +12,9 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from mmt.agent.jobs import JobProcesses
 from mmt.agent.metrics import JobMetrics
@@ -108,6 +108,32 @@ def run(node: NodeRun) -> int:
     return code
 
 
+def main(argv: Optional[List[str]] = None) -> None:
+    """``python -m mmt.agent.node <node run file>``: a node agent whose node is a container (a local job with an
+    image): it runs there in the image's Python, with mmt mounted, and forks the node's ranks from one interpreter
+    that has imported the job's preload, as on SLURM. Without psutil in the image it samples no machine metrics."""
+    import importlib.util
+    import pickle
+    import sys
+
+    from mmt.records.payload import open_private
+
+    (path,) = argv if argv is not None else sys.argv[1:]
+    with open_private(Path(path)) as handle:  # written by this user's launcher, never by anyone else
+        node: NodeRun = pickle.load(handle)
+    if node.metrics_interval_s and importlib.util.find_spec("psutil") is None:
+        print("[mmt agent] psutil is not in this image: no machine metrics for this node", file=sys.stderr)
+        node = replace(node, metrics_interval_s=0.0)
+    code = run(node)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown (torch's is tenths of a second): the node's exit ends the job sooner
+
+
 def _reap(job: JobProcesses) -> None:
     for pid, code in proctree.reaped():
         job.exited(pid, code)  # None for an adopted orphan: just reaped
+
+
+if __name__ == "__main__":
+    main()

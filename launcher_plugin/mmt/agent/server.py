@@ -42,6 +42,8 @@ class StartJob:
     metrics_interval_s: float = 0.0
     # the nodes' containers (a job with an image), started by the backend: removed when the job ends
     containers: Tuple[node_containers.NodeContainer, ...] = ()
+    # its processes are node agents (one per container), which record their ranks and sample their metrics
+    node_agents: bool = False
 
 
 class HostAgent:
@@ -92,11 +94,17 @@ class HostAgent:
             self.jobs[message["job_id"]].kill_now()
 
     def start(self, request: StartJob) -> None:
-        job = JobProcesses(request.job_id, Attempt(Path(request.attempt_dir)), request.kill_grace_s)
+        job = JobProcesses(
+            request.job_id,
+            Attempt(Path(request.attempt_dir)),
+            request.kill_grace_s,
+            rank_records=not request.node_agents,
+        )
         self.jobs[request.job_id] = job
         if request.containers:
             self.containers[request.job_id] = request.containers
-        self.metrics[request.job_id] = JobMetrics(request.job_dir, request.processes, request.metrics_interval_s)
+        interval = 0.0 if request.node_agents else request.metrics_interval_s
+        self.metrics[request.job_id] = JobMetrics(request.job_dir, request.processes, interval)
         path = job.attempt.timeline
         if not self.jobs_started:  # the agent's own start, once: it was warmed up before the first job
             timeline.mark_at(path, timeline.TASK_START, timeline.process_start_time(), node="host")
@@ -133,9 +141,11 @@ class HostAgent:
         if job.ended:
             del self.jobs[job.job_id]
             del self.metrics[job.job_id]
-            # the ranks are gone: what is left in the containers (their init) goes before the job is reported over
-            node_containers.remove(self.containers.pop(job.job_id, ()))
+            held = self.containers.pop(job.job_id, ())
             self.send({"op": "ended", "job_id": job.job_id})
+            # every process is gone: the containers go while the launcher concludes (a launcher that closes the
+            # agent waits for it to exit, so none outlives the launch)
+            node_containers.remove(held)
 
     def send(self, message: dict) -> None:
         try:

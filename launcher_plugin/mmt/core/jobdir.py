@@ -324,6 +324,14 @@ class Attempt:
     def payload(self) -> Path:
         return self.dir / "job.pkl"
 
+    def node_run(self, node_rank: int) -> Path:
+        """What a node agent in a container runs (``mmt.agent.node.main``): that node's ranks, with their env."""
+        return self.dir / f"node.{node_rank}.pkl"
+
+    def agent_log(self, node_rank: int) -> Path:
+        """A node agent's own output (a local job's node in a container)."""
+        return self.dir / f"agent.{node_rank}.log"
+
     @property
     def containers(self) -> Path:
         """Which container runtime holds the nodes of a job with an image (``mmt.agent.containers``)."""

@@ -29,7 +29,7 @@ from mmt.launching.compose_once import ComposeOnce, compose_job
 from mmt.launching.jobs import PreparedJob
 from mmt.planning import validate as check
 from mmt.planning.conflicts import check_strategies
-from mmt.planning.plan import plan_job
+from mmt.planning.plan import JobPlan, plan_job
 from mmt.records import ownership
 from mmt.records.payload import JobPayload
 
@@ -61,7 +61,7 @@ def keep_composed_jobs(hydra_context: Any) -> None:
 # what decides a job's preload: when a sweep varies one of these config groups or values, the jobs may preload
 # something else (a value inside the recipe, recipe.lr, does not)
 _PRELOAD_GROUPS = ("recipe", "cluster", "hydra/launcher")
-_PRELOAD_VALUES = ("command", "hydra.launcher.preload", "hydra.launcher.command")
+_PRELOAD_VALUES = ("command", "image", "hydra.launcher.preload", "hydra.launcher.command", "hydra.launcher.image")
 
 
 def warm_up(backend: Backend[Any], config: DictConfig) -> None:
@@ -71,14 +71,23 @@ def warm_up(backend: Backend[Any], config: DictConfig) -> None:
         backend.warm_up(expected_preload(config))
 
 
+def host_preload(plan: JobPlan) -> Tuple[str, ...]:
+    """What the backend's agent here imports for this job: its preload, or nothing when its ranks run in an image
+    (each node's agent there imports it in the image's Python)."""
+    return () if plan.image is not None else plan.preload
+
+
 def expected_preload(config: DictConfig) -> Tuple[str, ...]:
-    """What the launch's jobs will preload, as far as the master config says: its recipe's ``preload``, unless a
-    command replaces the recipe, or the sweep (its overrides, or a sweeper's own params) may change either."""
+    """What the launch's jobs will preload here, as far as the master config says: its recipe's ``preload``, unless a
+    command replaces the recipe, its ranks run in an image, or the sweep (its overrides, or a sweeper's own params)
+    may change either."""
     launcher = config.hydra.launcher
     try:
         preload = OmegaConf.select(launcher, "preload", default=None)
         if preload is None or OmegaConf.select(launcher, "command", default=None) is not None:
             return ()
+        if OmegaConf.select(launcher, "image", default=None) is not None:
+            return ()  # the ranks are forked in their containers, from the image's Python
         if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
             params = OmegaConf.select(config, "hydra.sweeper.params", default=None)
             if params is None or any(_decides_preload(str(key)) for key in params):

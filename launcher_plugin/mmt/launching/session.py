@@ -29,6 +29,7 @@ from mmt.core.states import ConsoleMode, values
 from mmt.launching import engine, supervisor
 from mmt.launching.console import Console
 from mmt.launching.jobs import LaunchOptions, LaunchReport, NotStarted, PreparedJob, Submitted
+from mmt.launching.prepare import host_preload
 from mmt.launching.report import summarise
 from mmt.monitor import plots
 from mmt.planning import dryrun
@@ -168,7 +169,7 @@ class LaunchSession:
         console: Optional[Console],
     ) -> LaunchReport:
         if jobs:  # the local agent is forked before any thread of this process starts (mmt.agent.client)
-            self.backend.warm_up(jobs[0].plan.preload)
+            self.backend.warm_up(host_preload(jobs[0].plan))
         start_plotter(options.sweep_dir, [job.plan.job_dir for job in jobs])
         console = console or Console()
         page = start_dashboard(options.sweep_dir, console) if self.settings.dashboard else None

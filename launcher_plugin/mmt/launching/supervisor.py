@@ -26,6 +26,7 @@ from mmt.core.jobdir import Attempt, SweepDir, make_private_dir, write_atomic
 from mmt.core.states import ConsoleMode
 from mmt.launching import engine
 from mmt.launching.console import Console
+from mmt.launching.prepare import host_preload
 from mmt.records.payload import open_private
 
 
@@ -97,7 +98,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         answer.close()
 
     # the agent is forked before the console's thread starts (mmt.agent.client)
-    backend.warm_up(spec["jobs"][0].plan.preload if spec["jobs"] else ())
+    backend.warm_up(host_preload(spec["jobs"][0].plan) if spec["jobs"] else ())
     console = Console()
     # its console is a log in the sweep dir: it follows no rank (every rank's output is in its own log already, and
     # copying rank 0's in would store it twice); launch lines, failures and the summary still go there

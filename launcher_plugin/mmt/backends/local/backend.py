@@ -9,6 +9,7 @@ This module keeps the queue, the time limits and the GPUs, and turns what the ag
 
 import json
 import os
+import pickle
 import select
 import time
 from collections import deque
@@ -20,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmt.agent import containers
 from mmt.agent.client import AgentClient, AgentGone
+from mmt.agent.node import NodeRun
 from mmt.agent.processes import ProcessSpec
 from mmt.agent.server import StartJob
 from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission
@@ -29,7 +31,7 @@ from mmt.backends.local.host import PortReservations, cpu_cores, visible_gpus
 from mmt.backends.local.watch import LocalWatcher
 from mmt.core import proctree
 from mmt.core.errors import ConfigError
-from mmt.core.jobdir import JobDir
+from mmt.core.jobdir import JobDir, write_atomic
 from mmt.core.rank_env import MMT_CONTAINER_EXEC, MMT_JOB_ID, RankPlace
 from mmt.core.states import JobState, StartMethod, values
 from mmt.monitor import hangs
@@ -107,6 +109,8 @@ class LocalJob(JobHandle):
     outcome: Optional[JobOutcome] = None
     # hang detection (plan.hang_timeout_s)
     hang: Optional[hangs.HangWatch] = None
+    # its processes are node agents in containers (indices: nodes), which record their ranks themselves
+    node_agents: bool = False
     # the jobs it runs after (submission.after) that have completed, and when to look at the others again
     satisfied: Set[str] = field(default_factory=set)
     next_dependency_check: float = 0.0
@@ -230,10 +234,17 @@ class LocalBackend(Backend[LocalJob]):
         now = time.monotonic()
         for job in list(self.jobs.values()):
             if job.stop_status is None and now >= job.deadline:
-                self._stop(job, JobState.TIMEOUT, running_detail(job.plan, sorted(job.running)))
+                self._stop(job, JobState.TIMEOUT, running_detail(job.plan, self._running_processes(job)))
             elif job.hang is not None and job.stop_sent is None:
                 self._watch_for_hang(job, now)
         self._schedule()
+
+    @staticmethod
+    def _running_processes(job: LocalJob) -> List[int]:
+        if not job.node_agents:
+            return sorted(job.running)
+        done = job.attempt.done  # a node agent runs on while its ranks: which of them had not finished
+        return [i for node in sorted(job.running) for i in job.plan.node_indices(node) if done(i) is None]
 
     def _watch_for_hang(self, job: LocalJob, now: float) -> None:
         """A job without progress for its hang timeout: its ranks' stacks first, then it fails saying where each
@@ -309,7 +320,7 @@ class LocalBackend(Backend[LocalJob]):
             framework_ports=tuple(job.framework_ports),
         )
         cwd = os.getcwd()
-        nodes = self._node_containers(job, cwd)
+        nodes = self._command_containers(job, cwd)
         specs = []
         for index, place in enumerate(plan.places()):
             env = self._process_env(plan, place, rendezvous, job.submission.copied_env, job.submission.restart)
@@ -318,14 +329,11 @@ class LocalBackend(Backend[LocalJob]):
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus[place.node_rank * plan.devices :][: plan.devices])
             elif self.host_gpus:
                 env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU job on a GPU host keeps its hands off the GPUs
-            argv: tuple = ()
-            if nodes:  # a process of a job with an image, in its node's container
+            if nodes and plan.command is not None:
+                # mmt's process runs here, the command in the node's container, the contract passed in by name
                 prefix = images.exec_prefix(self.settings.containers, nodes[place.node_rank].name, env, cwd)
-                if plan.command is None:
-                    argv = (*prefix, *images.worker_argv(str(job.attempt.dir), index))
-                else:  # mmt's process runs here, the command in the container, with the contract passed in by name
-                    env = self._host_env(plan, place, rendezvous, job, env)
-                    env[MMT_CONTAINER_EXEC] = json.dumps(prefix)
+                env = self._host_env(plan, place, rendezvous, job, env)
+                env[MMT_CONTAINER_EXEC] = json.dumps(prefix)
             specs.append(
                 ProcessSpec(
                     job_id=plan.job_id,
@@ -335,21 +343,38 @@ class LocalBackend(Backend[LocalJob]):
                     env=env,
                     cwd=cwd,
                     log=str(job_dir.log(place.node_rank, place.rank, plan.per_node)),
-                    argv=argv,
                 )
             )
-        if plan.hang_timeout_s is not None:
+        node_agents = plan.image is not None and plan.command is None
+        if node_agents:  # the task function: each node's container runs a node agent, which forks its ranks
+            nodes = self._node_agents(job, specs, cwd)
+            specs = [
+                ProcessSpec(
+                    job_id=plan.job_id,
+                    index=node.node_rank,
+                    node_rank=node.node_rank,
+                    attempt_dir=str(job.attempt.dir),
+                    env={},
+                    cwd=cwd,
+                    log=str(job.attempt.agent_log(node.node_rank)),
+                    argv=node.run_argv,
+                )
+                for node in nodes
+            ]
+        elif plan.hang_timeout_s is not None:
             job.hang = hangs.HangWatch(plan, job.attempt)
         job.started = time.monotonic()
         job.deadline = job.started + max(0.0, plan.timeout_s - job.submission.time_used_s)
         if nodes:
             containers.record(job.attempt, nodes)
+        if nodes and not node_agents:  # containers that wait for the command's execs: up before any starts
             failed = containers.start(nodes)
             if failed is not None:
                 self._conclude(job, JobOutcome(JobState.FAILED, 0.0, detail=failed))
                 return
         job.state = JobState.RUNNING
         job.running = set(range(len(specs)))
+        job.node_agents = node_agents
         self.jobs[plan.job_id] = job
         self.agent.start(
             StartJob(
@@ -357,13 +382,42 @@ class LocalBackend(Backend[LocalJob]):
                 job_dir=plan.job_dir,
                 attempt_dir=str(job.attempt.dir),
                 kill_grace_s=self.settings.kill_grace_s,
-                # the task function's ranks run in the image's Python, not forked from here
-                preload=() if nodes and plan.command is None else plan.preload,
+                # the task function's ranks are forked in their containers, not from here
+                preload=() if node_agents else plan.preload,
                 processes=tuple(specs),
                 metrics_interval_s=plan.metrics_interval_s,
                 containers=tuple(nodes),
+                node_agents=node_agents,
             )
         )
+
+    def _node_agents(self, job: LocalJob, ranks: List[ProcessSpec], cwd: str) -> List[containers.NodeContainer]:
+        """One container per node whose process is mmt's node agent in the image's Python: it imports the job's
+        preload once and forks that node's ranks (``mmt.agent.node.main``), as on SLURM, taking them from a private
+        file in the attempt dir."""
+        plan, attempt = job.plan, job.attempt
+        nodes = []
+        for node in range(plan.num_nodes):
+            run = NodeRun(
+                job_id=plan.job_id,
+                node_rank=node,
+                job_dir=plan.job_dir,
+                attempt_dir=str(attempt.dir),
+                kill_grace_s=self.settings.kill_grace_s,
+                preload=plan.preload,
+                method=self.settings.start_method,
+                processes=tuple(spec for spec in ranks if spec.node_rank == node),
+                metrics_interval_s=plan.metrics_interval_s,
+                hang_plan=plan if plan.hang_timeout_s else None,
+            )
+            write_atomic(attempt.node_run(node), pickle.dumps(run), private=True)
+            name = images.container_name(plan.job_id, attempt.id, node)
+            nodes.append(
+                images.node_agent_container(
+                    plan, self.settings.containers, name, node, cwd, str(attempt.node_run(node))
+                )
+            )
+        return nodes
 
     def _host_env(
         self, plan: JobPlan, place: RankPlace, rendezvous: Rendezvous, job: LocalJob, ours: Dict[str, str]
@@ -408,10 +462,10 @@ class LocalBackend(Backend[LocalJob]):
         )
         return images.container_env(env, plan, os.getcwd())
 
-    def _node_containers(self, job: LocalJob, cwd: str) -> List[containers.NodeContainer]:
-        """The containers of a job with an image, one per simulated node (none without one)."""
+    def _command_containers(self, job: LocalJob, cwd: str) -> List[containers.NodeContainer]:
+        """The containers of a command's job with an image, one per simulated node (none otherwise)."""
         plan = job.plan
-        if plan.image is None:
+        if plan.image is None or plan.command is None:
             return []
         return [
             images.node_container(

@@ -1,20 +1,22 @@
 """A local job with an ``image``: each simulated node in a container of its own, through podman or docker.
 
-Both CLIs share the command lines used here: ``run -d --rm --network=host --label ... -v ...`` for a node (the
-host network keeps ``MASTER_ADDR`` valid), ``exec -e NAME ... -w DIR`` for each of its processes. What a process
-runs depends on the job's shape:
+Both CLIs share the command lines used here: ``run --rm --network=host --label ... -v ...`` for a node (the host
+network keeps ``MASTER_ADDR`` valid), ``exec -e NAME ... -w DIR`` into it. What runs depends on the job's shape:
 
 * **a command** (``command=...``, ``mmt run --command``): the image brings everything; mmt's process for the rank
   runs on this host as for any command, and its command runs in the node's container (``exec ... sh -c``) with the
   rank contract, so mmt need not be in the image;
 * **the task function**: the image brings Python and the libraries (torch, Lightning, hydra-core, omegaconf,
-  cloudpickle); mmt and the app come from the host, mounted, and each rank runs ``python3 -m mmt.worker.main``.
+  cloudpickle); mmt and the app come from the host, mounted. The container's one process is mmt's node agent in
+  the image's Python (``python3 -m mmt.agent.node``), which imports the job's preload once and forks the node's
+  ranks, as on SLURM.
 
 Bad input is refused before anything starts, naming the key: a runtime that is not installed, an image the runtime
 does not have (mmt never pulls: N nodes pulling at once is not a launch), a mount source that is missing, an image
 without ``python3`` for the task function. The image facts are asked once per image and launch.
 """
 
+import json
 import os
 import re
 import shlex
@@ -30,8 +32,10 @@ from omegaconf import OmegaConf
 
 from mmt.agent.containers import JOB_LABEL, NodeContainer
 from mmt.core.errors import ConfigError
+from mmt.core.jobdir import read_json, write_atomic
 from mmt.planning import validate as check
 from mmt.planning.plan import JobPlan
+from mmt.records.registry import home
 
 RUNTIMES = ("podman", "docker")
 _INSTALL = {
@@ -134,21 +138,48 @@ def problems(plan: JobPlan, settings: ContainerSettings) -> List[ConfigError]:
 
 @lru_cache(maxsize=None)
 def _image_facts(runtime: str, image: str) -> str:
-    """``missing``, ``no-python`` or ``ok``: asked of the runtime once per image."""
+    """``missing``, ``no-python`` or ``ok``: asked of the runtime once per image and launch. Whether an image has
+    python3 needs a container, a few tenths of a second: the answer is kept by image id in ``$MMT_HOME`` (an image
+    id is its content), so a launch of the same image only asks whether it is there."""
     try:
         present = subprocess.run(
-            [runtime, "image", "inspect", "--format", "{{.Id}}", image], capture_output=True, timeout=_PROBE_TIMEOUT_S
+            [runtime, "image", "inspect", "--format", "{{.Id}}", image],
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT_S,
         )
         if present.returncode != 0:
             return "missing"
-        python = subprocess.run(
-            [runtime, "run", "--rm", "--pull=never", "--network=none", "--entrypoint", "python3", image, "-c", ""],
-            capture_output=True,
-            timeout=_PROBE_TIMEOUT_S,
-        )
+        known = _known_images()
+        key = f"{runtime}:{present.stdout.strip()}"
+        if key not in known:
+            python = subprocess.run(
+                [runtime, "run", "--rm", "--pull=never", "--network=none", "--entrypoint", "python3", image, "-c", ""],
+                capture_output=True,
+                timeout=_PROBE_TIMEOUT_S,
+            )
+            known[key] = "ok" if python.returncode == 0 else "no-python"
+            _keep_known_images(known)
+        return known[key]
     except (OSError, subprocess.TimeoutExpired):
         return "missing"
-    return "ok" if python.returncode == 0 else "no-python"
+
+
+def _known_images_file() -> Path:
+    return home() / "images.json"
+
+
+def _known_images() -> Dict[str, str]:
+    noted = read_json(_known_images_file())
+    return {str(k): str(v) for k, v in noted.items()} if isinstance(noted, dict) else {}
+
+
+def _keep_known_images(known: Dict[str, str]) -> None:
+    try:
+        _known_images_file().parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(_known_images_file(), json.dumps(known).encode())
+    except OSError:  # a read-only home: asked again next time
+        pass
 
 
 def container_name(job_id: str, attempt_id: str, node_rank: int) -> str:
@@ -185,15 +216,35 @@ def python_path(plan: JobPlan, cwd: str) -> str:
 
 
 def node_container(plan: JobPlan, settings: ContainerSettings, name: str, node_rank: int, cwd: str) -> NodeContainer:
+    """A node's container that only waits (``-d``, ``sleep infinity``): each of its processes is an exec into it."""
+    argv = [*_run(plan, settings, name, node_rank, cwd, detached=True), "--entrypoint", "sleep", str(plan.image)]
+    return NodeContainer(runtime=settings.runtime, name=name, node_rank=node_rank, run_argv=(*argv, "infinity"))
+
+
+def node_agent_container(
+    plan: JobPlan, settings: ContainerSettings, name: str, node_rank: int, cwd: str, node_run: str
+) -> NodeContainer:
+    """A node's container whose one process is mmt's node agent, attached (its exit status is the node's, the
+    runtime passes SIGTERM on to it); it forks the node's ranks. Its environment holds no secret (the ranks' is in
+    ``node_run``, a private file), so it is given by value; nor the job's tag, which only its ranks carry (a node
+    agent stops whatever carries it once its ranks are gone)."""
+    # the ranks' PYTHONPATH: the agent imports their preload, and they are forked from it
+    env = container_env({k: v for k, v in plan.env.items() if k == "PYTHONPATH"}, plan, cwd)
+    argv = _run(plan, settings, name, node_rank, cwd, detached=False)
+    argv += ["-w", cwd, *[arg for key in sorted(env) for arg in ("-e", f"{key}={env[key]}")]]
+    argv += ["--entrypoint", "python3", str(plan.image), "-u", "-m", "mmt.agent.node", node_run]
+    return NodeContainer(runtime=settings.runtime, name=name, node_rank=node_rank, run_argv=tuple(argv))
+
+
+def _run(plan: JobPlan, settings: ContainerSettings, name: str, node_rank: int, cwd: str, detached: bool) -> List[str]:
     # the host's network and hostname: MASTER_ADDR and the host name every rank resolves (gloo does) stay valid
-    argv = [settings.runtime, "run", "-d", "--rm", "--init", "--pull=never", "--network=host", "--uts=host"]
-    argv += ["--name", name]
+    argv = [settings.runtime, "run", *(["-d"] if detached else []), "--rm", "--init", "--pull=never"]
+    argv += ["--network=host", "--uts=host", "--name", name]
     argv += ["--label", f"{JOB_LABEL}={plan.job_id}", "--label", f"mmt.job_dir={plan.job_dir}"]
     argv += ["--label", f"mmt.node={node_rank}"]
     for bind in mounts(plan, settings, cwd):
         argv += ["-v", bind]
-    argv += ["--entrypoint", "sleep", str(plan.image), "infinity"]  # only waits: each process is an exec into it
-    return NodeContainer(runtime=settings.runtime, name=name, node_rank=node_rank, run_argv=tuple(argv))
+    return argv
 
 
 def exec_prefix(settings: ContainerSettings, name: str, env: Mapping[str, str], cwd: str) -> List[str]:
@@ -205,22 +256,16 @@ def exec_prefix(settings: ContainerSettings, name: str, env: Mapping[str, str], 
     return [*argv, name]
 
 
-def worker_argv(attempt_dir: str, index: int) -> List[str]:
-    """The task function's rank in the image's Python, with mmt mounted."""
-    return ["python3", "-u", "-m", "mmt.worker.main", attempt_dir, str(index)]
-
-
 def describe(plan: JobPlan, settings: ContainerSettings, cwd: str, env: Mapping[str, str]) -> List[str]:
     """The dry run's view: node 0's container and its first process, exactly as they will run (the attempt id is
     chosen at start)."""
     name = container_name(plan.job_id, "<attempt>", 0)
-    run = node_container(plan, settings, name, 0, cwd).run_argv
-    prefix = exec_prefix(settings, name, env, cwd)
-    if plan.command is None:
-        first = [*prefix, *worker_argv(f"{plan.job_dir}/<attempt dir>", 0)]
-    else:  # mmt's own process runs on this host and the command in the container
-        first = [*prefix, "sh", "-c", plan.command]
-    return [f"  container  {shlex.join(run)}", f"  process 0  {shlex.join(first)}"]
+    if plan.command is None:  # the node agent is the container's process; it forks the ranks
+        run = node_agent_container(plan, settings, name, 0, cwd, f"{plan.job_dir}/<attempt dir>/node.0.pkl")
+        return [f"  container  {shlex.join(run.run_argv)}"]
+    run = node_container(plan, settings, name, 0, cwd)
+    first = [*exec_prefix(settings, name, env, cwd), "sh", "-c", plan.command]  # mmt's process for it runs here
+    return [f"  container  {shlex.join(run.run_argv)}", f"  process 0  {shlex.join(first)}"]
 
 
 def container_env(env: Dict[str, str], plan: JobPlan, cwd: str) -> Dict[str, str]:

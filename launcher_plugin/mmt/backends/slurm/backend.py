@@ -11,6 +11,7 @@ its partition offers; and a scheduler that stops answering is said so, with sinc
 import functools
 import os
 import secrets
+import shlex
 import shutil
 import time
 from contextlib import contextmanager
@@ -21,19 +22,21 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from omegaconf import DictConfig
 
 from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission, Watcher
-from mmt.backends.slurm import pending, queue, records
+from mmt.backends.slurm import oci, pending, queue, records
 from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm.nodes import lost_by_run, lost_in_run, lost_node_detail, node_fail_kwargs
 from mmt.backends.slurm.sbatch import (
     SlurmSettings,
     TaskTarget,
     job_name_for,
+    oci_command,
     python_command,
     render_script,
     sbatch_parameters,
     signal_delay_problem,
     task_command,
     tasks_per_node,
+    with_container,
     with_restart_loop,
 )
 from mmt.backends.slurm.task import (
@@ -133,7 +136,10 @@ def _executor_class() -> Any:
 
             def _make_submission_file_text(self, command: str, uid: str) -> str:
                 text = super()._make_submission_file_text(command, uid)
-                return text if self.mmt_job is None else with_restart_loop(text, *self.mmt_job)
+                if self.mmt_job is None:
+                    return text
+                plan, target = self.mmt_job
+                return with_restart_loop(with_container(text, plan, self.mmt_settings, target), plan, target)
 
         _EXECUTOR = SessionSlurmExecutor
     return _EXECUTOR
@@ -205,6 +211,17 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
                     "use fewer devices per node and more nodes",
                 )
             )
+        if plan.image is not None and self.settings.container_runtime == "oci":
+            found += oci.image_problems(plan, self.settings.container_mounts, os.environ.get("SLURM_CONF"))
+            if not self.settings.agent_per_node:
+                found.append(
+                    ConfigError(
+                        "hydra.launcher.tasks",
+                        self.settings.tasks,
+                        "SLURM runs one container task per node (srun --container refuses more)",
+                        "use hydra.launcher.tasks=per_node: the node agent starts the node's ranks",
+                    )
+                )
         delay = signal_delay_problem(plan, self.settings)
         if delay is not None:
             found.append(delay)
@@ -236,6 +253,11 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
             f"  srun       {srun}",
             "  sbatch script:",
         ]
+        if oci_command(plan, self.settings):
+            # the node agent runs on the host; each rank's command in a container step of its own (mmt...oci)
+            bundle = attempt.dir / oci.BUNDLE
+            argv = oci.rank_exec(bundle, "<node 0>", "<job id>", os.environ.get("SLURM_CONF"))
+            lines.insert(2, f"  container  node 0, each rank: {shlex.join([*argv, 'sh', '-c', str(plan.command)])}")
         if plan.framework_port_count:
             lines.insert(
                 1,
@@ -356,6 +378,11 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         asked_at = time.time()
         with _private_files():
             task_files = [write_task_file(self._task(submission)) for submission in group]
+            if first.image is not None and self.settings.container_runtime == "oci":
+                for submission in group:
+                    oci.derive(
+                        submission.plan, self.settings.container_mounts, self.project_dir, submission.attempt.dir
+                    )
             if array:
                 write_atomic(manifest, "".join(f"{s.attempt.dir}\n" for s in group).encode(), private=True)
                 for index, submission in enumerate(group):
@@ -395,6 +422,9 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
             start_method=self.settings.start_method,
             max_requeues=self.settings.max_requeues,
             copied_env=dict(submission.copied_env),
+            oci_bundle=str(submission.attempt.dir / oci.BUNDLE)
+            if oci_command(submission.plan, self.settings)
+            else None,
         )
 
     def _announce(self, plan: JobPlan, job: SlurmJob, folder: Path, array: bool) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from omegaconf import DictConfig, OmegaConf
 
+from mmt.backends.slurm.oci import BUNDLE
 from mmt.core.errors import ConfigError
 from mmt.core.jobdir import WATCHED_FRESH_S, Attempt
 from mmt.core.rank_env import MMT_RESTART_COUNT
@@ -39,7 +40,7 @@ TERMINATED_VAR = "MMT_BATCH_TERMINATED"
 RUN_STARTED_VAR = "MMT_RUN_STARTED"
 SIGNALLED_VAR = "MMT_BATCH_SIGNALLED"
 
-CONTAINER_RUNTIMES = ("pyxis", "apptainer", "singularity")
+CONTAINER_RUNTIMES = ("pyxis", "apptainer", "singularity", "oci")
 # sbatch options the launcher sets itself from the plan; overriding them through sbatch_extra would desynchronise
 # the job from its plan (and from Lightning's validation of devices/num_nodes)
 _MANAGED = {
@@ -230,10 +231,11 @@ def _mount(value: Any) -> str:
 
 def python_command(plan: JobPlan, settings: SlurmSettings, project_dir: str) -> str:
     """How the task runs Python: this interpreter, or python3 inside the job's container (quoted here)."""
-    if plan.image is None:
+    if plan.image is None or oci_command(plan, settings):
+        # a command in SLURM's OCI containers: the node agent runs here, each rank's command in a container
         return shlex.quote(sys.executable)
-    if settings.container_runtime == "pyxis":
-        return "python3"  # srun itself enters the container (--container-image)
+    if settings.container_runtime in ("pyxis", "oci"):
+        return "python3"  # srun itself enters the container (--container-image, --container)
     binds = [f"{project_dir}:{project_dir}", *settings.container_mounts]
     wrapper = [settings.container_runtime, "exec", "--pwd", project_dir]
     for bind in binds:
@@ -248,6 +250,31 @@ def _container_srun_args(plan: JobPlan, settings: SlurmSettings, project_dir: st
         return []
     mounts = ",".join([f"{project_dir}:{project_dir}", *settings.container_mounts])
     return [f"--container-image={plan.image}", f"--container-mounts={mounts}", f"--container-workdir={project_dir}"]
+
+
+def oci_command(plan: JobPlan, settings: SlurmSettings) -> bool:
+    """A command job in SLURM's OCI containers: its ranks' commands run in containers, not its node agents."""
+    return plan.image is not None and settings.container_runtime == "oci" and plan.command is not None
+
+
+def with_container(script: str, plan: JobPlan, settings: SlurmSettings, attempt: Union[Attempt, "TaskTarget"]) -> str:
+    """The task function in SLURM's OCI containers: the srun line enters the attempt's bundle (``oci.derive``),
+    ``--container`` after srun's own options. Written here, not through submitit's srun arguments, which it quotes:
+    a job array's tasks find their attempt dir in a variable. Unchanged for anything else."""
+    if plan.image is None or settings.container_runtime != "oci" or oci_command(plan, settings):
+        return script
+    target = TaskTarget.of(attempt)
+    word = (
+        shlex.quote(str(target.attempt.dir / BUNDLE))
+        if target.attempt is not None
+        else f'"${ARRAY_ATTEMPT_VAR}"/{BUNDLE}'
+    )
+    lines = script.split("\n")
+    at = next(index for index, line in enumerate(lines) if line.startswith("srun "))
+    python = f" {python_command(plan, settings, '')} "
+    head, tail = lines[at].split(python, 1)
+    lines[at] = f"{head} --container={word}{python}{tail}"
+    return "\n".join(lines)
 
 
 def tasks_per_node(plan: JobPlan, settings: SlurmSettings) -> int:
@@ -359,6 +386,10 @@ def sbatch_parameters(
         # the image brings Python and the libraries; mmt, the app and its recipes come from the mounted project
         paths = shlex.quote(f"{project_dir}/launcher_plugin:{project_dir}")
         setup.append(f"export PYTHONPATH={paths}${{PYTHONPATH:+:$PYTHONPATH}}")
+        if settings.container_runtime == "oci" and not oci_command(plan, settings):
+            # SLURM 22.05 gives a container task the step's environment, not the task's own variables: these would
+            # be the batch script's (node 0's) on every node; the task finds its node by its host name instead
+            setup.append("unset SLURM_PROCID SLURM_LOCALID SLURM_NODEID")
     # SIGTERM (scancel, the time limit) must not end the script before srun has stopped the tasks: the trap on
     # TERM makes bash wait for srun, then the EXIT trap concludes the job with every process gone
     # USR1/USR2 (`scancel --signal=USR2 --full`, a site's preemption notice) would kill the shell, and so the job,
@@ -411,7 +442,7 @@ def render_script(
     command = task_command(plan, settings, project_dir, attempt)
     params = sbatch_parameters(plan, settings, project_dir, job_name, attempt, after)
     script = _make_sbatch_string(command=command, folder=folder, **params)
-    return with_restart_loop(script, plan, attempt)
+    return with_restart_loop(with_container(script, plan, settings, attempt), plan, attempt)
 
 
 def with_restart_loop(script: str, plan: JobPlan, attempt: Union[Attempt, TaskTarget]) -> str:

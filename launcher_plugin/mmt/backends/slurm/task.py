@@ -13,6 +13,8 @@ Either way every rank takes the requeue signal through ``mmt.core.preemption``.
 """
 
 import contextlib
+import importlib.util
+import json
 import os
 import pickle
 import re
@@ -27,12 +29,13 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from mmt.agent.node import NodeRun
 from mmt.agent.node import run as run_node
 from mmt.agent.processes import ProcessSpec
+from mmt.backends.slurm import oci
 from mmt.backends.slurm.nodes import node_hosts, requeue_why
 from mmt.backends.slurm.sbatch import STARTED_VAR, own_job_id
 from mmt.core import preemption, timeline
 from mmt.core.jobdir import Attempt, JobDir, open_for_append, write_atomic
 from mmt.core.ports import PortInUseError, hold_port
-from mmt.core.rank_env import MMT_RESTART_COUNT
+from mmt.core.rank_env import MMT_CONTAINER_EXEC, MMT_RESTART_COUNT
 from mmt.monitor import hangs
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.plan import JobPlan
@@ -160,6 +163,8 @@ class SlurmTask:
     max_requeues: int
     # the values of plan.env_from (the pickle submitit keeps is the owner's only)
     copied_env: Dict[str, str] = field(repr=False, default_factory=dict)
+    # a command job in SLURM's OCI containers: the attempt's bundle, where each rank's command runs (mmt...oci)
+    oci_bundle: Optional[str] = None
 
     def _rendezvous(self, facts: Mapping[str, str]) -> Rendezvous:
         """Node 0's address and MASTER_PORT, every node's address (the allocation's hosts, in node order) and the
@@ -198,6 +203,11 @@ class SlurmTask:
 
     def __call__(self) -> int:
         facts = {key: os.environ.get(name, "") for key, name in SLURM_ENV.items()}
+        if not facts["node"]:  # inside SLURM 22.05's container: no per-task variables, one task per node
+            found = oci.node_in_container(node_hosts(facts["nodelist"]))
+            if found is None:
+                raise RuntimeError(f"cannot tell which node of {facts['nodelist']} this container runs on")
+            facts["node"] = str(found)
         node = int(facts["node"])
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # submitit ignores SIGTERM; stop when SLURM says so
         self._mark_start(node)
@@ -244,13 +254,18 @@ class SlurmTask:
         for index in self.plan.node_indices(node):
             self.attempt.clear_process(index)  # a requeued job runs again in place
             place = self.plan.place(index)
+            env = self._env(facts, index, {}, rendezvous)
+            if self.oci_bundle is not None:
+                host = os.environ.get("SLURMD_NODENAME") or rendezvous.node_addrs[node]
+                argv = oci.rank_exec(Path(self.oci_bundle), host, facts["job_id"], os.environ.get("SLURM_CONF"))
+                env[MMT_CONTAINER_EXEC] = json.dumps(argv)
             specs.append(
                 ProcessSpec(
                     job_id=self.plan.job_id,
                     index=index,
                     node_rank=node,
                     attempt_dir=self.attempt_dir,
-                    env=self._env(facts, index, {}, rendezvous),
+                    env=env,
                     cwd=os.getcwd(),
                     log=str(job_dir.log(place.node_rank, place.rank, self.plan.per_node)),
                 )
@@ -265,7 +280,7 @@ class SlurmTask:
                 preload=self.plan.preload,
                 method=self.start_method,
                 processes=tuple(specs),
-                metrics_interval_s=self.plan.metrics_interval_s,
+                metrics_interval_s=self.plan.metrics_interval_s if _can_sample() else 0.0,
                 hang_plan=self.plan if self.plan.hang_timeout_s is not None else None,
             )
         )
@@ -294,6 +309,15 @@ class SlurmTask:
             framework_ports_held(self.plan, rendezvous, self.attempt, own if held else []) as also,
         ):
             return worker.run(self.attempt, index) if held and also else 1
+
+
+def _can_sample() -> bool:
+    """Machine metrics need psutil, which an image that brings only Python, torch and Lightning may lack (the node
+    agent then runs in it without them, saying so)."""
+    if importlib.util.find_spec("psutil") is not None:
+        return True
+    print("mmt: psutil is not installed here (the image): no machine metrics for this node", file=sys.stderr)
+    return False
 
 
 def _redirect_output(log: Path) -> None:
