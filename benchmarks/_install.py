@@ -81,7 +81,11 @@ def of_revision(rev: str, cache: Path = CACHE) -> Version:
     ).stdout.strip()
     dest = cache / commit
     python = dest / "venv" / "bin" / "python"
-    if python.exists() and (dest / "ready").exists():
+    # ready, for this environment: the venv reads this environment's site-packages, so one made beside another
+    # checkout (another .venv, since removed) is made again
+    ours = sysconfig.get_paths()["purelib"]
+    ready = dest / "ready"
+    if python.exists() and ready.exists() and ready.read_text().strip() == ours:
         return Version(label=f"{rev} ({commit[:7]})", tree=dest / "tree", python=str(python))
     shutil.rmtree(dest, ignore_errors=True)
     (dest / "tree").mkdir(parents=True)
@@ -90,5 +94,5 @@ def of_revision(rev: str, cache: Path = CACHE) -> Version:
     if archive.wait() != 0:
         raise SystemExit(f"git archive {commit} failed")
     python_path = _make_venv(dest / "tree", dest / "venv")
-    (dest / "ready").touch()
+    ready.write_text(ours + "\n")
     return Version(label=f"{rev} ({commit[:7]})", tree=dest / "tree", python=python_path)

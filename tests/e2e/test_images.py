@@ -149,6 +149,36 @@ def test_ctrl_c_stops_the_ranks_and_removes_the_containers(podman_image, tmp_pat
     assert_no_containers_left(tmp_path)
 
 
+def test_a_sigkilled_launcher_leaves_no_container_once_mmt_list_has_seen_it(podman_image, tmp_path, tag):
+    launcher = subprocess.Popen(
+        app_command(
+            f"image={podman_image['image']}",
+            "recipe=probe",
+            "recipe.fail_rank=3",
+            "recipe.fail_mode=hang",
+            "num_nodes=2",
+            "devices=2",
+            sweep_dir=tmp_path,
+        ),  # fmt: skip
+        cwd=REPO,
+        env=app_env(tag),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        job = wait_until(lambda: job_dirs(tmp_path), 60, "the job dir")[0]
+        wait_until(lambda: len(containers_of(str(job))) == 2, 60, "both nodes' containers")
+        launcher.kill()  # kill -9: its agent sees it go (parent-death signal) and takes the containers with it
+        launcher.wait(timeout=30)
+    finally:
+        launcher.kill()
+    assert wait_gone(tag, 30) == []
+    listed = _mmt("list", "--json", cwd=tmp_path, tag=tag)  # concludes the orphan, and removes what is left by label
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads((job / "result.json").read_text())["status"] == "FAILED"
+    wait_until(lambda: containers_of(str(job)) == [], 30, "no container left")
+
+
 def _mmt(*args: str, cwd: Path, tag: str) -> subprocess.CompletedProcess:
     return subprocess.run([MMT, *args], cwd=cwd, env=app_env(tag), capture_output=True, text=True, timeout=120)
 

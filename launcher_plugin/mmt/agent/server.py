@@ -164,7 +164,13 @@ class HostAgent:
         for job in self.jobs.values():
             job.kill_now()
         self.reap(report=False)
-        node_containers.remove([c for held in self.containers.values() for c in held])
+        held = [c for job in self.containers.values() for c in job]
+        node_containers.remove(held)
+        # a container still being created when its runtime's client was killed can outlive that rm: once more by
+        # its job's label (the launcher is gone: nothing waits for this)
+        for job_id, job_containers in self.containers.items():
+            if job_containers:
+                node_containers.remove_labelled(job_containers[0].runtime, job_id)
         os._exit(0)
 
 
