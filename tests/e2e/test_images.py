@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from helpers.app import app_command, app_env, job_dirs, results, run_app
+from helpers.images import image_results
 from helpers.paths import REPO
 from helpers.processes import wait_gone, wait_until
 
@@ -38,15 +39,6 @@ def containers_of(job: str) -> list:
     listed = subprocess.run(["podman", "ps", "-aq", "--filter", f"label={label}"], capture_output=True, text=True)
     assert listed.returncode == 0, listed.stderr
     return listed.stdout.split()
-
-
-def image_results(job_dir: Path) -> list:
-    found = []
-    for log in sorted((job_dir / "logs").glob("node*.rank*.log")):
-        for line in log.read_text().splitlines():
-            if line.startswith("MMT_IMAGE_RESULT "):
-                found.append(json.loads(line.split(" ", 1)[1]))
-    return sorted(found, key=lambda r: r["rank"])
 
 
 def assert_no_containers_left(sweep: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers.app import job_dirs, results, run_app
+from helpers.images import image_results
 from helpers.paths import REPO
 from helpers.processes import TAG_VAR, wait_until
 from helpers.slurm import queued
@@ -68,15 +69,6 @@ def runc_containers() -> list:
 
 def nothing_left() -> None:
     wait_until(lambda: not queued() and not runc_containers(), 30, "the job and its containers gone")
-
-
-def image_results(job_dir: Path) -> list:
-    found = []
-    for log in sorted((job_dir / "logs").glob("node*.rank*.log")):
-        for line in log.read_text().splitlines():
-            if line.startswith("MMT_IMAGE_RESULT "):
-                found.append(json.loads(line.split(" ", 1)[1]))
-    return sorted(found, key=lambda r: r["rank"])
 
 
 # ------------------------------------------------------------------------------------------------ the two shapes

@@ -1,10 +1,10 @@
-"""The containers of a local job's simulated nodes: started before its ranks, removed when it ends, whatever ends it.
+"""The containers of a local job's simulated nodes: removed when the job ends, whatever ends it.
 
-A node of a job with an ``image`` is one container (``<runtime> run -d --rm --network=host ...``) that only
-waits (``sleep infinity`` under the runtime's init); each of the node's processes is a ``<runtime> exec`` into it,
-which the agent starts and supervises like any rank: the exec client's exit status is the rank's. The in-container
-processes carry the job's tag (``MMT_JOB_ID``), so stopping a job reaches them through the same sweep as any
-process a job left behind (``mmt.agent.jobs``), and removing the container (``rm -f``) ends whatever is left.
+A node of a job with an ``image`` is one container (``mmt.backends.local.images`` builds its command line): for the
+task function its one process is mmt's node agent, run attached by the host agent like any process; for a command
+it only waits (``sleep infinity``, started here before the ranks) and each rank's command is an ``exec`` into it.
+The in-container ranks carry the job's tag (``MMT_JOB_ID``), so stopping a job reaches them through the same sweep
+as any process a job left behind (``mmt.agent.jobs``), and removing the container (``rm -f``) ends whatever is left.
 
 Every container is labelled with its job (``mmt.job=<job id>``): whoever finds a job's supervisor gone removes
 them by that label (:func:`remove_labelled`), and the attempt dir says which runtime they are in
@@ -94,8 +94,7 @@ def _remove_names(runtime: str, names: List[str]) -> None:
 def record(attempt: Attempt, containers: Sequence[NodeContainer]) -> None:
     """Note in the attempt dir which runtime holds the job's containers (read by :func:`remove_recorded`)."""
     if containers:
-        noted = {"runtime": containers[0].runtime, "names": [c.name for c in containers]}
-        write_atomic(attempt.containers, json.dumps(noted).encode())
+        write_atomic(attempt.containers, json.dumps({"runtime": containers[0].runtime}).encode())
 
 
 def remove_recorded(attempt: Attempt, job_id: str) -> None:

@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -111,8 +111,7 @@ def run(node: NodeRun) -> int:
 def main(argv: Optional[List[str]] = None) -> None:
     """``python -m mmt.agent.node <node run file>``: a node agent whose node is a container (a local job with an
     image): it runs there in the image's Python, with mmt mounted, and forks the node's ranks from one interpreter
-    that has imported the job's preload, as on SLURM. Without psutil in the image it samples no machine metrics."""
-    import importlib.util
+    that has imported the job's preload, as on SLURM."""
     import pickle
     import sys
 
@@ -121,9 +120,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     (path,) = argv if argv is not None else sys.argv[1:]
     with open_private(Path(path)) as handle:  # written by this user's launcher, never by anyone else
         node: NodeRun = pickle.load(handle)
-    if node.metrics_interval_s and importlib.util.find_spec("psutil") is None:
-        print("[mmt agent] psutil is not in this image: no machine metrics for this node", file=sys.stderr)
-        node = replace(node, metrics_interval_s=0.0)
     code = run(node)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -36,8 +36,8 @@ class ProcessSpec:
     env: Dict[str, str]
     cwd: str
     log: str
-    # a program to run instead of the worker (a rank inside its node's container: ``podman exec ... <name> ...``);
-    # it runs with the agent's environment plus ``env``, which the runtime passes in by name (``-e NAME``)
+    # a program to run instead of the worker (a node's container, whose node agent forks its ranks: ``podman run
+    # ... python3 -m mmt.agent.node``); it runs with the agent's environment plus ``env``
     argv: Tuple[str, ...] = ()
 
 
@@ -121,7 +121,7 @@ def _become_process(spec: ProcessSpec, method: str) -> None:
         os.dup2(log, 2)
         os.closerange(3, 1 << 16)  # the agent's socket, pipes and locks are not the rank's business
         os.chdir(spec.cwd)
-        if spec.argv:  # the values stay off the command line: the runtime reads them from its own environment
+        if spec.argv:  # the container runtime's client needs this host's environment (PATH, XDG_RUNTIME_DIR ...)
             os.execvpe(spec.argv[0], list(spec.argv), {**os.environ, **spec.env})
         os.environ.clear()
         os.environ.update(spec.env)

@@ -190,11 +190,7 @@ def container_name(job_id: str, attempt_id: str, node_rank: int) -> str:
 def mounts(plan: JobPlan, settings: ContainerSettings, cwd: str) -> List[str]:
     """What every node's container sees of this host: the job dir and the project dir (at the same paths), the
     user's mounts, and for the task function mmt itself and the app's own folder."""
-    paths = [plan.job_dir, cwd]
-    if plan.command is None:
-        app_dir = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else ""
-        if app_dir and os.path.isdir(app_dir):
-            paths.append(app_dir)
+    paths = [plan.job_dir, cwd, *([_app_dir(cwd)] if plan.command is None else [])]
     found: List[str] = []
     for path in paths:
         if not any(path == p or path.startswith(p.rstrip("/") + "/") for p in found):
@@ -210,9 +206,14 @@ def _mmt_packages() -> Dict[str, str]:
     return {"mmt": str(Path(__file__).resolve().parents[2])}  # mmt/backends/local/images.py
 
 
-def python_path(plan: JobPlan, cwd: str) -> str:
-    app_dir = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else cwd
-    return os.pathsep.join(dict.fromkeys([MMT_MOUNT, cwd, app_dir]))
+def _app_dir(cwd: str) -> str:
+    """The folder of the app the launcher runs (its modules travel by reference in the payload), else ``cwd``."""
+    app_dir = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else ""
+    return app_dir if app_dir and os.path.isdir(app_dir) else cwd
+
+
+def python_path(cwd: str) -> str:
+    return os.pathsep.join(dict.fromkeys([MMT_MOUNT, cwd, _app_dir(cwd)]))
 
 
 def node_container(plan: JobPlan, settings: ContainerSettings, name: str, node_rank: int, cwd: str) -> NodeContainer:
@@ -272,5 +273,5 @@ def container_env(env: Dict[str, str], plan: JobPlan, cwd: str) -> Dict[str, str
     """A process's environment inside the container: the job's variables only (never the host's PATH or venv),
     with mmt on the task function's PYTHONPATH."""
     if plan.command is None:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (python_path(plan, cwd), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (python_path(cwd), env.get("PYTHONPATH")) if p)
     return env

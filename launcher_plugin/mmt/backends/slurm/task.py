@@ -13,7 +13,6 @@ Either way every rank takes the requeue signal through ``mmt.core.preemption``.
 """
 
 import contextlib
-import importlib.util
 import json
 import os
 import pickle
@@ -280,7 +279,7 @@ class SlurmTask:
                 preload=self.plan.preload,
                 method=self.start_method,
                 processes=tuple(specs),
-                metrics_interval_s=self.plan.metrics_interval_s if _can_sample() else 0.0,
+                metrics_interval_s=self.plan.metrics_interval_s,
                 hang_plan=self.plan if self.plan.hang_timeout_s is not None else None,
             )
         )
@@ -309,15 +308,6 @@ class SlurmTask:
             framework_ports_held(self.plan, rendezvous, self.attempt, own if held else []) as also,
         ):
             return worker.run(self.attempt, index) if held and also else 1
-
-
-def _can_sample() -> bool:
-    """Machine metrics need psutil, which an image that brings only Python, torch and Lightning may lack (the node
-    agent then runs in it without them, saying so)."""
-    if importlib.util.find_spec("psutil") is not None:
-        return True
-    print("mmt: psutil is not installed here (the image): no machine metrics for this node", file=sys.stderr)
-    return False
 
 
 def _redirect_output(log: Path) -> None:
