@@ -100,6 +100,8 @@ def probe(
         dist.destroy_process_group()
     if fail_at == "end":
         _inject(rank, fail_rank, fail_mode, exit_code)
+    if hold_s:
+        mark_phase("hold", rank=rank.rank)  # past every collective: what a test may now break is the hold
     time.sleep(hold_s)
     result = {
         "world_size": rank.world_size,

@@ -17,6 +17,7 @@ The image holds python3 (``/usr/local/bin/python3``) with torch, Lightning, hydr
 """
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -224,16 +225,20 @@ def main(argv: List[str]) -> int:
     key = content_key(dists)
     image = f"{REPOSITORY}:{key}"
     staged = Path(args.cache) / key / "rootfs"
-    if not (staged.parent / "done").exists():
-        shutil.rmtree(staged.parent, ignore_errors=True)
-        staged.mkdir(parents=True)
-        assemble(staged, dists)
-        (staged.parent / "done").write_text(image + "\n")
+    # one builder at a time (two test workers may ask at once): the second finds the first one's rootfs and image
+    Path(args.cache).mkdir(parents=True, exist_ok=True)
+    with open(Path(args.cache) / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (staged.parent / "done").exists():
+            shutil.rmtree(staged.parent, ignore_errors=True)
+            staged.mkdir(parents=True)
+            assemble(staged, dists)
+            (staged.parent / "done").write_text(image + "\n")
 
-    if args.without_python:
-        image = f"{REPOSITORY}-without-python:{key}"
-    if not args.no_import:
-        import_image(args.runtime, staged, image, without_python=args.without_python)
+        if args.without_python:
+            image = f"{REPOSITORY}-without-python:{key}"
+        if not args.no_import:
+            import_image(args.runtime, staged, image, without_python=args.without_python)
     if args.bundle:
         bundle = Path(args.bundle)
         if not (bundle / "config.json").exists() or os.path.realpath(bundle / "rootfs") != str(staged):

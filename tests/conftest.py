@@ -2,6 +2,7 @@
 cluster, the shared recipe package, and the tier markers. Helpers live in tests/helpers/ (``from helpers.x import``)."""
 
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -14,12 +15,23 @@ from helpers.processes import kill_all, wait_gone
 from helpers.recipes import install_shared_recipes
 from helpers.slurm import CLUSTER_SCRIPT, cluster_env, queued, why_no_cluster
 
-# the job registry of every process the tests start: their own, not the user's ~/.mmt
-os.environ.setdefault("MMT_HOME", tempfile.mkdtemp(prefix="mmt-tests-home."))
+# the job registry of every process the tests start: their own, not the user's ~/.mmt; with pytest-xdist (the
+# README's `-n`), each worker's own, so that `mmt list` in one test never sees another worker's jobs
+if "MMT_HOME" not in os.environ or (
+    os.environ.get("PYTEST_XDIST_WORKER") and os.environ["MMT_HOME"] == os.environ.get("MMT_TESTS_HOME")
+):
+    os.environ["MMT_HOME"] = os.environ["MMT_TESTS_HOME"] = tempfile.mkdtemp(prefix="mmt-tests-home.")
+
+# a test run started in the background (`pytest &`, nohup) inherits an ignored SIGINT, and so would every launcher
+# the tests start, deaf to the Ctrl-C they send it: the tests' processes get the default disposition back
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TESTS = Path(__file__).resolve().parent
 # a test's tier is the folder it is in, and the marker it gets (pytest -m unit, -m "not e2e" ...)
 TIERS = ("unit", "e2e", "conformance")
+# the fixtures whose tests share one cluster and so run serially, in one pytest-xdist worker each
+SERIAL_GROUPS = ("slurm_cluster", "ray_cluster")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the markers
@@ -33,13 +45,23 @@ def pytest_collection_modifyitems(config, items):
             folder = None
         if folder in TIERS:
             item.add_marker(folder)
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "slurm_cluster" in fixtures:
             item.add_marker("slurm")
     # the Ray tests last: their cluster starts with the first of them, and its daemons then never share the host's
     # two cores with the timing-sensitive tests of the other backends
     on_ray = [item for item in items if "ray_cluster" in getattr(item, "fixturenames", ())]
     if on_ray:
         items[:] = [item for item in items if "ray_cluster" not in getattr(item, "fixturenames", ())] + on_ray
+
+
+def pytest_itemcollected(item):
+    """Under pytest-xdist (--dist loadgroup), the tests of one shared cluster run one after another on one worker:
+    they stop its daemons, count its queue and fill its nodes; the other tests run beside them."""
+    fixtures = getattr(item, "fixturenames", ())
+    group = next((name for name in SERIAL_GROUPS if name in fixtures), None)
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture

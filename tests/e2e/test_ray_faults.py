@@ -33,15 +33,13 @@ def _row(name: str) -> dict:
 
 
 def _ranks_running(job: Path, ranks: int = 4) -> bool:
-    """Every rank of the probe (2 x 2: 4) has started (its log), and the run's placement is recorded."""
-    attempts = job / ".mmt" / "attempts"
-    return (
-        attempts.exists()
-        and any(attempts.glob("*/placement.0.json"))
-        and len(list((job / "logs").glob("node*.rank*.log"))) == ranks
-        if (job / "logs").exists()
-        else False
-    )
+    """Every rank of the probe (2 x 2: 4) is in its hold, past its collectives (the probe's ``hold`` mark in the
+    timeline: a fault injected earlier may fail a rank's rendezvous first), and the run's placement is recorded."""
+    attempts, marks = job / ".mmt" / "attempts", job / "timeline.jsonl"
+    if not (attempts.exists() and any(attempts.glob("*/placement.0.json")) and marks.exists()):
+        return False
+    holding = {line for line in marks.read_text().splitlines() if '"phase":"hold"' in line}
+    return len(holding) >= ranks
 
 
 def _worker_of(ip: str) -> str:

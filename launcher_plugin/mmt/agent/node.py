@@ -78,7 +78,9 @@ def run(node: NodeRun) -> int:
     signal.signal(signal.SIGTERM, on_terminate)
     signal.signal(signal.SIGINT, on_terminate)
     signal.signal(preemption.REQUEUE_SIGNAL, on_requeue)
-    spawner.preload(node.preload)
+    # Hydra's plugin registry once here only for two ranks or more: a node of one (a sweep's 1 x 1 job) pays less
+    # for the few plugin modules its rank's payload names
+    spawner.preload(node.preload, hydra_plugins=len(node.processes) > 1)
     timeline.mark_at(attempt.timeline, timeline.AGENT_READY, node=node.node_rank)
     for spec in node.processes:
         if terminated:  # stopped before its ranks started: start none

@@ -48,11 +48,15 @@ class Spawner:
         assert method in ("fork", "spawn"), method
         self.method = method
         self.imported: Set[str] = set()
+        self.discovered = False
 
-    def preload(self, modules: Iterable[str]) -> None:
+    def preload(self, modules: Iterable[str], hydra_plugins: bool = True) -> None:
+        """Import ``modules`` (and mmt's worker) here, once, for every rank forked after; with ``hydra_plugins``,
+        Hydra's plugin registry too."""
         if self.method != "fork":
             return
-        if not self.imported:
+        if hydra_plugins and not self.discovered:
+            self.discovered = True
             self._discover_hydra_plugins()
         for name in (*WORKER_MODULES, *modules):
             if name in self.imported:
@@ -66,8 +70,9 @@ class Spawner:
 
     @staticmethod
     def _discover_hydra_plugins() -> None:
-        """Hydra rebuilds its plugin registry in every process that restores its state (re-executing each plugin
-        module); done once here, every forked rank inherits it (mmt.worker.main.restore_singletons)."""
+        """Hydra's plugin registry (every plugin module installed, executed), which each forked rank inherits
+        (mmt.worker.main.restore_singletons). Without it, a rank imports only the plugin modules its payload names
+        (their configs), and builds the registry only if it uses one: less for a node of one rank, more for many."""
         try:
             from hydra.core.plugins import Plugins
 

@@ -16,7 +16,9 @@ dropped), so a long run keeps its whole history at a coarser resolution and the 
 """
 
 import json
+import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
@@ -28,6 +30,8 @@ from mmt.core.jobdir import open_for_append, write_atomic
 from mmt.records.node_metrics import read_samples  # noqa: F401 - the sampler's readers read through it
 
 MAX_BYTES = 1 << 20
+# what every Linux host with NVIDIA's driver loaded has, a container given GPUs included
+NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
 _KEEP_RECENT = 0.25  # the newest quarter of the samples is never thinned
 
 
@@ -37,6 +41,8 @@ class GpuReader:
     def __init__(self, visible: Optional[str]) -> None:
         self.handles: List[Any] = []
         self.indices: List[int] = []
+        if sys.platform == "linux" and not os.path.exists(NVIDIA_CONTROL_DEVICE):
+            return  # no NVIDIA driver here (NVML needs its device): a CPU host pays no NVML import and load
         try:
             import pynvml
 

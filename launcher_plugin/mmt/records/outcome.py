@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
-import cloudpickle
-
 from mmt.core.errors import (
     JobCancelledError,
     JobFailedError,
@@ -24,6 +22,7 @@ from mmt.core.jobdir import Attempt, JobDir
 from mmt.core.states import JobState, ProcessState
 from mmt.planning.plan import JobPlan
 from mmt.planning.redact import masked_overrides
+from mmt.records import job_return
 from mmt.records.payload import UnsafePayloadError, open_private
 from mmt.records.schema import ErrorRecord, ExitRecord, ResultRecord
 
@@ -159,7 +158,7 @@ def read_primary_return(attempt: Attempt) -> Any:
     a pickle is code, and it is only loaded from a dir this user owns that nobody else can write)."""
     try:
         with open_private(attempt.primary_return) as handle:
-            return cloudpickle.load(handle)
+            return job_return.load(handle)
     except (FileNotFoundError, NotADirectoryError, EOFError):
         return None
     except UnsafePayloadError as exc:

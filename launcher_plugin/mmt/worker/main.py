@@ -90,20 +90,21 @@ def _write_hydra_dir(payload: JobPayload) -> None:
 
 
 def restore_singletons(state: Any) -> None:
-    """Hydra's ``Singleton.set_state``, without rescanning every plugin module when the agent already did.
+    """Hydra's ``Singleton.set_state``, less its eager rebuild of the plugin registry.
 
-    Hydra leaves its plugin registry out of the shipped state and rebuilds it in every process, re-executing each
-    plugin module (tens of milliseconds a rank); a rank forked from the agent inherits the agent's registry.
+    Hydra leaves the registry out of the shipped state and rebuilds it in ``set_state``, re-executing every plugin
+    module installed (a seventh of a short sweep job's CPU on SLURM). A job rarely needs it (a launcher, a sweeper,
+    a config source for ``compose``), and ``Plugins.instance()`` builds it on first use; a registry the process
+    has already is kept.
     """
     from hydra.core.plugins import Plugins
     from hydra.core.singleton import Singleton
     from omegaconf.basecontainer import BaseContainer
 
-    discovered = Singleton._instances.get(Plugins)
-    if discovered is None:  # a fresh interpreter (start_method=spawn)
-        Singleton.set_state(state)
-        return
-    Singleton._instances = {**state["instances"], Plugins: discovered}
+    present = Singleton._instances.get(Plugins)
+    Singleton._instances = dict(state["instances"])
+    if present is not None:
+        Singleton._instances[Plugins] = present
     BaseContainer._resolvers = copy.deepcopy(state["omegaconf_resolvers"])
 
 
@@ -231,14 +232,9 @@ def _restore_output_subdir(ret: Any, config: Any) -> None:
 
 
 def _write_return(attempt: Attempt, ret: Any) -> None:
-    import cloudpickle
+    from mmt.records import job_return  # cloudpickle: in the primary only, at its end
 
-    try:
-        data = cloudpickle.dumps(ret)
-    except Exception as exc:  # noqa: BLE001 - a value's own __reduce__ may raise anything: keep its text, not lose the job
-        ret.return_value = f"<unpicklable {type(ret._return_value).__name__}: {exc}> {ret._return_value!r}"
-        data = cloudpickle.dumps(ret)
-    write_atomic(attempt.primary_return, data, private=True)
+    write_atomic(attempt.primary_return, job_return.dumps(ret), private=True)
 
 
 def main(argv: Optional[list] = None) -> int:
