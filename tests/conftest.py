@@ -60,6 +60,8 @@ def pytest_itemcollected(item):
     they stop its daemons, count its queue and fill its nodes; the other tests run beside them."""
     fixtures = getattr(item, "fixturenames", ())
     group = next((name for name in SERIAL_GROUPS if name in fixtures), None)
+    if group is None and item.get_closest_marker("slurm") is not None:
+        group = "slurm_cluster"  # a parametrized test that asks for the cluster only in its SLURM case
     if group is not None:
         item.add_marker(pytest.mark.xdist_group(group))
 

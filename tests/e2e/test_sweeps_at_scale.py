@@ -318,7 +318,7 @@ def test_a_dependency_on_a_job_that_does_not_exist_is_refused_before_anything_st
         tmp_path / "sweep",
         "+x=0,1",
         "hydra.launcher.after=[no-such-job]",
-        "hydra.launcher.name=orphan",
+        f"hydra.launcher.name=orphan{tag[:6]}",
         tag=tag,
     )
     assert done.returncode == 1
@@ -327,4 +327,4 @@ def test_a_dependency_on_a_job_that_does_not_exist_is_refused_before_anything_st
         "shows the registered jobs; a launch's jobs are <hydra.launcher.name>-<n>"
     ), done.stdout + done.stderr
     assert results(tmp_path / "sweep") == []
-    assert not any(name.startswith("orphan-") for name in _rows())
+    assert not any(name.startswith(f"orphan{tag[:6]}-") for name in _rows())
