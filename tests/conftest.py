@@ -30,8 +30,6 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 TESTS = Path(__file__).resolve().parent
 # a test's tier is the folder it is in, and the marker it gets (pytest -m unit, -m "not e2e" ...)
 TIERS = ("unit", "e2e", "conformance")
-# the fixtures whose tests share one cluster and so run serially, in one pytest-xdist worker each
-SERIAL_GROUPS = ("slurm_cluster", "ray_cluster")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the markers
@@ -48,22 +46,19 @@ def pytest_collection_modifyitems(config, items):
         fixtures = getattr(item, "fixturenames", ())
         if "slurm_cluster" in fixtures:
             item.add_marker("slurm")
+        # under pytest-xdist (--dist loadgroup), the tests of one shared cluster run one after another on one worker:
+        # they stop its daemons, count its queue and fill its nodes; the other tests run beside them. A parametrized
+        # test that asks for the cluster only in its SLURM case carries the slurm marker alone.
+        if "ray_cluster" in fixtures:
+            item.add_marker(pytest.mark.xdist_group("ray_cluster"))
+        elif item.get_closest_marker("slurm") is not None:
+            item.add_marker(pytest.mark.xdist_group("slurm_cluster"))
     # the Ray tests last: their cluster starts with the first of them, and its daemons then never share the host's
-    # two cores with the timing-sensitive tests of the other backends
+    # two cores with the timing-sensitive tests of the other backends (in one process; pytest-xdist starts the
+    # largest groups first)
     on_ray = [item for item in items if "ray_cluster" in getattr(item, "fixturenames", ())]
     if on_ray:
         items[:] = [item for item in items if "ray_cluster" not in getattr(item, "fixturenames", ())] + on_ray
-
-
-def pytest_itemcollected(item):
-    """Under pytest-xdist (--dist loadgroup), the tests of one shared cluster run one after another on one worker:
-    they stop its daemons, count its queue and fill its nodes; the other tests run beside them."""
-    fixtures = getattr(item, "fixturenames", ())
-    group = next((name for name in SERIAL_GROUPS if name in fixtures), None)
-    if group is None and item.get_closest_marker("slurm") is not None:
-        group = "slurm_cluster"  # a parametrized test that asks for the cluster only in its SLURM case
-    if group is not None:
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
