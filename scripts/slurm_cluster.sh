@@ -281,7 +281,9 @@ SlurmctldTimeout=30
 SlurmdTimeout=$NODE_TIMEOUT
 InactiveLimit=0
 MinJobAge=300
-KillWait=5
+# SIGTERM to SIGKILL on scancel: the batch script's last step (mmt's conclusion) runs in this window; SLURM's
+# default is 30 s, and 5 s was too short for it on a host loaded by three test workers
+KillWait=15
 Waittime=0
 # preemption / requeue tests: scontrol requeue of running batch jobs is allowed; a task that
 # exits non-zero does not kill its step unless the launcher asks for --kill-on-bad-exit

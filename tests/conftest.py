@@ -62,11 +62,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def tag() -> str:
-    """A unique tag; after the test, no process carrying it may be left running."""
+def tag(request) -> str:
+    """A unique tag; after the test, no process carrying it may be left running.
+
+    On the Ray test cluster a job's driver releases its actors after the launcher has its result, and Ray's raylets
+    then end their worker processes: as long as the Ray tests' own wait for every job and actor to go (30 s).
+    """
     value = uuid.uuid4().hex
     yield value
-    left = wait_gone(value)
+    left = wait_gone(value, timeout_s=30.0 if "ray_cluster" in request.fixturenames else 10.0)
     kill_all(left)  # do not let one failure poison the next tests
     assert not left, f"processes left behind: {left}"
 
