@@ -42,6 +42,8 @@ def test_a_malformed_container_mount_is_refused_naming_the_key(mount):
 
 def test_container_names_are_valid_for_the_runtimes():
     assert images.container_name("train-1204/x y", "a1", 3) == "mmt-train-1204-x-y-a1-n3"
+    # a restart's containers are new ones: the run before may still be being removed under the same job and node
+    assert images.container_name("train-1204/x y", "a1", 3, restart=2) == "mmt-train-1204-x-y-a1-n3-r2"
 
 
 def test_the_same_python_keeps_the_launchers_import_path_as_it_was():

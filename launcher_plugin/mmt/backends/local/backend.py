@@ -411,7 +411,7 @@ class LocalBackend(Backend[LocalJob]):
                 hang_plan=plan if plan.hang_timeout_s else None,
             )
             write_atomic(attempt.node_run(node), pickle.dumps(run), private=True)
-            name = images.container_name(plan.job_id, attempt.id, node)
+            name = images.container_name(plan.job_id, attempt.id, node, job.submission.restart)
             nodes.append(
                 images.node_agent_container(
                     plan, self.settings.containers, name, node, cwd, str(attempt.node_run(node))
@@ -469,7 +469,11 @@ class LocalBackend(Backend[LocalJob]):
             return []
         return [
             images.node_container(
-                plan, self.settings.containers, images.container_name(plan.job_id, job.attempt.id, node), node, cwd
+                plan,
+                self.settings.containers,
+                images.container_name(plan.job_id, job.attempt.id, node, job.submission.restart),
+                node,
+                cwd,
             )
             for node in range(plan.num_nodes)
         ]

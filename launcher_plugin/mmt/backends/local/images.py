@@ -182,9 +182,12 @@ def _keep_known_images(known: Dict[str, str]) -> None:
         pass
 
 
-def container_name(job_id: str, attempt_id: str, node_rank: int) -> str:
-    """A valid container name (``[a-zA-Z0-9][a-zA-Z0-9_.-]*``), unique per job, attempt and node."""
-    return re.sub(r"[^a-zA-Z0-9_.<>-]", "-", f"mmt-{job_id}-{attempt_id}-n{node_rank}")
+def container_name(job_id: str, attempt_id: str, node_rank: int, restart: int = 0) -> str:
+    """A valid container name (``[a-zA-Z0-9][a-zA-Z0-9_.-]*``), unique per job, attempt, node and restart: a restart
+    never waits for the runtime to finish removing the run before (``--rm`` is asynchronous; a loaded host was still
+    removing it when the restart asked for the same name)."""
+    name = f"mmt-{job_id}-{attempt_id}-n{node_rank}" + (f"-r{restart}" if restart else "")
+    return re.sub(r"[^a-zA-Z0-9_.<>-]", "-", name)
 
 
 def mounts(plan: JobPlan, settings: ContainerSettings, cwd: str) -> List[str]:
