@@ -119,6 +119,35 @@ def test_a_restart_runs_in_new_containers_and_leaves_none(podman_image, tmp_path
     assert_no_containers_left(tmp_path)
 
 
+def test_a_node_whose_container_cannot_start_leaves_no_other_node_s_container(podman_image, tmp_path, tag):
+    """mmt.agent.containers with real podman: node 1's name is taken (a run before still being removed, or another
+    job), so its container does not start; node 0's, started beside it, is removed, and so is a set of containers
+    one of which is gone already (podman 4's `rm -f` removed none of them then)."""
+    from mmt.agent import containers
+
+    label = f"mmt.job=test-{tag}"
+
+    def node(rank: int, name: str) -> containers.NodeContainer:
+        argv = ("podman", "run", "-d", "--rm", "--pull=never", "--name", name, "--label", label)
+        argv += ("--entrypoint", "sleep", podman_image["image"], "infinity")
+        return containers.NodeContainer(runtime="podman", name=name, node_rank=rank, run_argv=argv)
+
+    taken = node(1, f"mmt-test-{tag}-n1")
+    assert containers.start([taken]) is None
+    try:
+        why = containers.start([node(0, f"mmt-test-{tag}-n0"), taken])
+        assert why is not None and why.startswith("node 1's container did not start: "), why
+        assert containers_of(f"test-{tag}") == [], "node 0's container was left running"
+        first, second = node(0, f"mmt-test-{tag}-a"), node(1, f"mmt-test-{tag}-b")
+        assert containers.start([first, second]) is None
+        subprocess.run(["podman", "rm", "-f", "-t", "0", first.name], capture_output=True, check=True)
+        containers.remove([first, second])
+        assert containers_of(f"test-{tag}") == [], "a container was left when another was gone already"
+    finally:
+        names = [f"mmt-test-{tag}-{suffix}" for suffix in ("n0", "n1", "a", "b")]
+        subprocess.run(["podman", "rm", "-f", "-t", "0", "--ignore", *names], capture_output=True)
+
+
 def test_ctrl_c_stops_the_ranks_and_removes_the_containers(podman_image, tmp_path, tag):
     launcher = subprocess.Popen(
         app_command(f"image={podman_image['image']}", "command='sleep 120'", "num_nodes=2", sweep_dir=tmp_path),

@@ -78,8 +78,10 @@ def remove_labelled(runtime: str, job_id: str) -> None:
 
 
 def _remove_names(runtime: str, names: List[str]) -> None:
-    # podman waits 10 s for a container's init to stop by default: the ranks are already stopped, so kill at once
-    grace = ["-t", "0"] if Path(runtime).name == "podman" else []
+    # podman waits 10 s for a container's init to stop by default: the ranks are already stopped, so kill at once;
+    # and podman 4's `rm -f` removes none of the names when one of them is gone already (a node agent's container
+    # that removed itself, --rm): --ignore makes it remove the rest
+    grace = ["-t", "0", "--ignore"] if Path(runtime).name == "podman" else []
     try:
         subprocess.run(
             [runtime, "rm", "-f", *grace, *names],
