@@ -65,12 +65,16 @@ def pytest_collection_modifyitems(config, items):
 def tag(request) -> str:
     """A unique tag; after the test, no process carrying it may be left running.
 
-    On the Ray test cluster a job's driver releases its actors after the launcher has its result, and Ray's raylets
-    then end their worker processes: as long as the Ray tests' own wait for every job and actor to go (30 s).
+    On a cluster the launcher returns once it has the job's result, without waiting for the allocation to drain: on
+    SLURM the batch step and the ranks' interpreters end after it, on Ray the job's driver releases its actors and
+    the raylets end their workers. There the wait is as long as the Ray tests' own wait for every job and actor to go
+    (30 s): on a host loaded by the other test workers, a per-rank Lightning job's processes were still there 10 s
+    after its launcher returned.
     """
     value = uuid.uuid4().hex
     yield value
-    left = wait_gone(value, timeout_s=30.0 if "ray_cluster" in request.fixturenames else 10.0)
+    on_a_cluster = "ray_cluster" in request.fixturenames or request.node.get_closest_marker("slurm") is not None
+    left = wait_gone(value, timeout_s=30.0 if on_a_cluster else 10.0)
     kill_all(left)  # do not let one failure poison the next tests
     assert not left, f"processes left behind: {left}"
 

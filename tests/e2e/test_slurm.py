@@ -10,12 +10,13 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
 from helpers.app import app_command, app_env, results, run_app
 from helpers.paths import REPO
-from helpers.processes import from_a_terminal, wait_gone
+from helpers.processes import from_a_terminal, kill_all, wait_gone
 
 pytestmark = pytest.mark.slurm
 SLURM_PROBE = ("cluster=slurm", "recipe=probe", "devices=2")
@@ -264,11 +265,28 @@ def test_commands_on_slurm_run_with_the_launchers_python_and_torchrun_on_a_path_
 SLURM_LM = ("cluster=slurm", "num_nodes=2", "devices=2", "hydra.launcher.poll_interval_s=0.5")
 
 
-@pytest.mark.parametrize("tasks, environment", [("per_node", "LightningEnvironment"), ("per_rank", "SLURMEnvironment")])
-def test_lightning_two_by_two_on_slurm_trains_one_model(tasks, environment, tmp_path, tag):
-    done = run_app(*SLURM_LM, f"hydra.launcher.tasks={tasks}", sweep_dir=tmp_path, tag=tag, timeout=300)
+@pytest.fixture(scope="module")
+def straight_lm(slurm_cluster, tmp_path_factory) -> dict:
+    """The result of one uninterrupted 2 x 2 LM run on SLURM (tasks=per_node, the default), trained once for this
+    module: the Lightning test checks it, and the requeued run must end with its weights bit for bit. Nothing it
+    started may be left running (its own tag, as the ``tag`` fixture checks)."""
+    sweep, tag = tmp_path_factory.mktemp("straight-lm"), uuid.uuid4().hex
+    done = run_app(*SLURM_LM, "hydra.launcher.tasks=per_node", sweep_dir=sweep, tag=tag, timeout=300)
+    left = wait_gone(tag)
+    kill_all(left)
     assert done.returncode == 0, done.stderr[-3000:]
-    value = results(tmp_path)[0]["return_value"]
+    assert not left, f"processes left behind: {left}"
+    return results(sweep)[0]
+
+
+@pytest.mark.parametrize("tasks, environment", [("per_node", "LightningEnvironment"), ("per_rank", "SLURMEnvironment")])
+def test_lightning_two_by_two_on_slurm_trains_one_model(tasks, environment, request, tmp_path, tag):
+    if tasks == "per_node":
+        value = request.getfixturevalue("straight_lm")["return_value"]
+    else:
+        done = run_app(*SLURM_LM, f"hydra.launcher.tasks={tasks}", sweep_dir=tmp_path, tag=tag, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        value = results(tmp_path)[0]["return_value"]
     # per node, the agent's ranks carry the contract and Lightning uses it; per rank, Lightning picks its SLURM
     # environment and validates num_nodes/devices against SLURM's own view
     assert value["cluster_environment"] == environment
@@ -286,10 +304,8 @@ def _wait_for(predicate, timeout_s: float, what: str) -> None:
     pytest.fail(f"timed out waiting for {what}")
 
 
-def test_requeue_signal_checkpoints_requeues_and_resumes_to_the_uninterrupted_result(tmp_path, tag):
-    uninterrupted = run_app(*SLURM_LM, sweep_dir=tmp_path / "straight", tag=tag, timeout=300)
-    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
-    expected = results(tmp_path / "straight")[0]["return_value"]
+def test_requeue_signal_checkpoints_requeues_and_resumes_to_the_uninterrupted_result(straight_lm, tmp_path, tag):
+    expected = straight_lm["return_value"]
 
     command = app_command(*SLURM_LM, sweep_dir=tmp_path / "requeued")
     launcher = subprocess.Popen(
