@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.processes import kill_all, wait_gone
+from helpers.processes import CLUSTER_DRAIN_S, assert_none_left
 from helpers.recipes import install_shared_recipes
 from helpers.slurm import CLUSTER_SCRIPT, cluster_env, queued, why_no_cluster
 
@@ -67,16 +67,13 @@ def tag(request) -> str:
 
     On a cluster the launcher returns once it has the job's result, without waiting for the allocation to drain: on
     SLURM the batch step and the ranks' interpreters end after it, on Ray the job's driver releases its actors and
-    the raylets end their workers. There the wait is as long as the Ray tests' own wait for every job and actor to go
-    (30 s): on a host loaded by the other test workers, a per-rank Lightning job's processes were still there 10 s
-    after its launcher returned.
+    the raylets end their workers. There the wait is ``CLUSTER_DRAIN_S``: on a host loaded by the other test workers,
+    a per-rank Lightning job's processes were still there 10 s after its launcher returned.
     """
     value = uuid.uuid4().hex
     yield value
     on_a_cluster = "ray_cluster" in request.fixturenames or request.node.get_closest_marker("slurm") is not None
-    left = wait_gone(value, timeout_s=30.0 if on_a_cluster else 10.0)
-    kill_all(left)  # do not let one failure poison the next tests
-    assert not left, f"processes left behind: {left}"
+    assert_none_left(value, CLUSTER_DRAIN_S if on_a_cluster else 10.0)
 
 
 # ------------------------------------------------------------------------------------------------ SLURM cluster

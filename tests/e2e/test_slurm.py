@@ -16,7 +16,7 @@ import pytest
 
 from helpers.app import app_command, app_env, results, run_app
 from helpers.paths import REPO
-from helpers.processes import from_a_terminal, kill_all, wait_gone
+from helpers.processes import CLUSTER_DRAIN_S, assert_none_left, from_a_terminal, wait_gone
 
 pytestmark = pytest.mark.slurm
 SLURM_PROBE = ("cluster=slurm", "recipe=probe", "devices=2")
@@ -272,10 +272,8 @@ def straight_lm(slurm_cluster, tmp_path_factory) -> dict:
     started may be left running (its own tag, as the ``tag`` fixture checks)."""
     sweep, tag = tmp_path_factory.mktemp("straight-lm"), uuid.uuid4().hex
     done = run_app(*SLURM_LM, "hydra.launcher.tasks=per_node", sweep_dir=sweep, tag=tag, timeout=300)
-    left = wait_gone(tag)
-    kill_all(left)
+    assert_none_left(tag, CLUSTER_DRAIN_S)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert not left, f"processes left behind: {left}"
     return results(sweep)[0]
 
 

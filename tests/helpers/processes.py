@@ -50,6 +50,19 @@ def wait_gone(tag: str, timeout_s: float = 10.0) -> List[int]:
     return tagged_pids(tag)
 
 
+# how long a cluster's processes may take to end after the launcher has returned (it does not wait for a SLURM
+# allocation to drain, nor for Ray to end a job's actors): as long as the Ray tests' own wait for them
+CLUSTER_DRAIN_S = 30.0
+
+
+def assert_none_left(tag: str, timeout_s: float = 10.0) -> None:
+    """No process carrying ``tag`` may be running once ``timeout_s`` has passed; any that is, is killed (so that one
+    failure does not poison the next tests) and named."""
+    left = wait_gone(tag, timeout_s)
+    kill_all(left)
+    assert not left, f"processes left behind: {left}"
+
+
 def kill_all(pids: List[int]) -> None:
     """SIGKILL each of ``pids`` that is still there (so that one test's leftovers do not poison the next)."""
     for pid in pids:
