@@ -184,7 +184,8 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def podman_image(tmp_path_factory) -> dict:
     """mmt's test image, built offline from this host's Python and venv by scripts/build_test_image.py (cached by
-    content), and the same rootfs without Python: ``{"image": ..., "without_python": ...}``.
+    content), the same rootfs without Python, and one of /bin/sh alone (no sleep, no python3):
+    ``{"image": ..., "without_python": ..., "shell_only": ...}``.
 
     Podman here runs with runc and cgroupfs and without default ulimits (crun fails on this host's hybrid cgroups,
     and the default setrlimit fails in this sandbox): a test-only containers.conf, through CONTAINERS_CONF, which a
@@ -206,7 +207,7 @@ def podman_image(tmp_path_factory) -> dict:
         os.environ["CONTAINERS_CONF"] = str(conf)
     script = str(TESTS.parent / "scripts" / "build_test_image.py")
     images = {}
-    for key, extra in (("image", []), ("without_python", ["--without-python"])):
+    for key, extra in (("image", []), ("without_python", ["--without-python"]), ("shell_only", ["--shell-only"])):
         built = subprocess.run([sys.executable, script, *extra], capture_output=True, text=True, timeout=900)
         if built.returncode != 0:
             message = f"could not build the test image: {built.stderr[-2000:]}"
@@ -215,3 +216,26 @@ def podman_image(tmp_path_factory) -> dict:
             pytest.skip(message)
         images[key] = built.stdout.strip().splitlines()[-1]
     return images
+
+
+@pytest.fixture(scope="session")
+def pypy_image(podman_image) -> str:
+    """An image whose python3 is a real interpreter of another minor version than the launcher's: Debian's pypy3
+    (bookworm's implements Python 3.9), packed by scripts/build_test_image.py --pypy. Skips where pypy3 is not
+    installed (apt-get install pypy3); with MMT_REQUIRE_CONTAINERS=1 (CI) it fails instead."""
+    import shutil
+    import sys
+
+    required = os.environ.get("MMT_REQUIRE_CONTAINERS") == "1"
+    why = None
+    if shutil.which("pypy3") is None:
+        why = "pypy3 is not installed (apt-get install pypy3)"
+    else:
+        script = str(TESTS.parent / "scripts" / "build_test_image.py")
+        built = subprocess.run([sys.executable, script, "--pypy"], capture_output=True, text=True, timeout=900)
+        if built.returncode == 0:
+            return built.stdout.strip().splitlines()[-1]
+        why = f"could not build the pypy3 image: {built.stderr[-2000:]}"
+    if required:
+        pytest.fail(f"containers required (MMT_REQUIRE_CONTAINERS=1) but {why}")
+    pytest.skip(why)

@@ -6,11 +6,14 @@ Lightning, hydra-core, no mmt, /train.py, and /etc/mmt-test-image, a file only t
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from helpers.app import app_command, app_env, job_dirs, results, run_app
 from helpers.images import image_results
@@ -53,6 +56,7 @@ def test_shape_1_the_image_brings_everything_its_script_runs_on_every_rank_in_a_
     done = run_app(f"image={podman_image['image']}", *SHAPE_1, sweep_dir=tmp_path, tag=tag)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     [job] = job_dirs(tmp_path)
+    assert "left running" not in _logs(job), "the runtime's own processes are not the command's"
     ranks = image_results(job)
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
     assert all(r["in_image"] for r in ranks), "every rank ran inside the image"
@@ -90,6 +94,83 @@ def test_shape_2_the_task_function_trains_recipe_lm_in_the_image_with_mmt_mounte
 
 
 # ------------------------------------------------------------------------------------------------ nothing left
+
+
+def _logs(job: Path) -> str:
+    return "".join(log.read_text() for log in sorted((job / "logs").glob("node*.log")))
+
+
+def test_a_successful_command_job_in_an_image_says_nothing_was_left_running(podman_image, tmp_path, tag):
+    """Each rank's command is an exec into its node's container: the runtime's own processes for it (the exec client;
+    podman's conmon, which watches the exec session, and the clean-up it runs when the session ends) are not
+    something the command left running, and no rank says they are. (Three 2 x 2 jobs: whether a rank's look found
+    them still there was a race, which at least one rank of most jobs lost.)"""
+    words = ("hi", "hello", "hey")
+    done = run_app(
+        f"image={podman_image['image']}", "command=" + ",".join(f"'echo {word} from $RANK'" for word in words),
+        "command_mode=per_rank", "num_nodes=2", "devices=2", sweep_dir=tmp_path, tag=tag,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    jobs = job_dirs(tmp_path)
+    assert len(jobs) == len(words)
+    for job, word in zip(jobs, words):
+        logs = _logs(job)
+        assert all(f"{word} from {rank}" in logs for rank in range(4)), logs
+        assert "left running" not in logs, logs
+        assert containers_of(str(job)) == []
+
+
+# runs in the container: a process that stays there after its command ended, and writes where mmt stopped it
+# (SIGTERM, not the SIGKILL of the container's removal); ready once it can hear SIGTERM
+LEFTOVER = """
+import os, signal, sys, time
+
+mark = sys.argv[1]
+
+
+def stopped(*_):
+    with open(mark + ".stopped", "w") as f:
+        f.write("SIGTERM")
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, stopped)
+open(mark + ".ready", "w").close()
+time.sleep(300)
+"""
+LEAVES_ONE = """
+mark="$MMT_JOB_DIR/leftover.${RANK:-node$NODE_RANK}"
+python3 {script} "$mark" &
+while [ ! -e "$mark.ready" ]; do sleep 0.05; done
+echo started
+"""
+
+
+@pytest.mark.parametrize("mode", ["per_rank", "per_node"])
+def test_a_process_the_command_leaves_running_in_its_container_is_stopped_and_reported(
+    podman_image, tmp_path, tag, mode
+):
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "leftover.py").write_text(LEFTOVER)
+    (scripts / "leaves_one.sh").write_text(LEAVES_ONE.replace("{script}", str(scripts / "leftover.py")))
+    done = run_app(
+        f"image={podman_image['image']}", f"command='sh {scripts / 'leaves_one.sh'}'", f"command_mode={mode}",
+        "num_nodes=2", "devices=2", f"hydra.launcher.container_mounts=[{scripts}:{scripts}:ro]",
+        sweep_dir=tmp_path / "sweep", tag=tag,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    [job] = job_dirs(tmp_path / "sweep")
+    logs = sorted((job / "logs").glob("node*.log"))
+    assert len(logs) == (4 if mode == "per_rank" else 2)
+    for log in logs:  # found in the container (its orphan is the container init's, not the rank's) and stopped
+        said = [line for line in log.read_text().splitlines() if "left running" in line]
+        assert len(said) == 1 and said[0].startswith(
+            "mmt: stopped 1 process(es) the command left running in its container: ["
+        ), (log.name, said)
+    marks = ["0", "1", "2", "3"] if mode == "per_rank" else ["node0", "node1"]
+    assert sorted(p.name for p in job.glob("leftover.*.stopped")) == [f"leftover.{m}.stopped" for m in marks]
+    assert containers_of(str(job)) == []
 
 
 def test_a_failing_rank_fails_the_job_naming_it_and_leaves_no_container(podman_image, tmp_path, tag):
@@ -252,7 +333,11 @@ def _refused(tmp_path: Path, *overrides: str, env_path: str = "") -> str:
     extra = {"PATH": env_path} if env_path else {}
     done = run_app(*overrides, "num_nodes=2", sweep_dir=tmp_path / "sweep", **extra)
     assert done.returncode != 0
-    assert not (tmp_path / "sweep" / "0" / "logs").exists(), "nothing started"
+    job = tmp_path / "sweep" / "0"
+    assert not (job / "logs").exists(), "nothing started"
+    assert not list(job.rglob("job.pkl")) and not list(job.rglob("node.*.pkl")), "no payload left"
+    if shutil.which("podman"):
+        assert containers_of(str(job)) == [], "no container"
     lines = [line for line in done.stderr.splitlines() if line.startswith("Invalid ")]
     assert len(lines) == 1, done.stderr[-3000:]
     return lines[0]
@@ -273,6 +358,39 @@ def test_a_runtime_that_is_not_installed_is_refused_saying_what_to_install(podma
 def test_an_image_without_python3_is_refused_for_the_task_function(podman_image, tmp_path):
     line = _refused(tmp_path, f"image={podman_image['without_python']}", "recipe=probe")
     assert line.startswith("Invalid image=") and "no python3" in line
+
+
+def test_a_command_in_an_image_without_sleep_is_refused_before_anything_starts(podman_image, tmp_path):
+    # /bin/sh alone: each node's container waits in `sleep infinity`, so the job used to start, run 35 s and fail
+    # with the runtime's "no container with name or ID ... found"
+    line = _refused(tmp_path, f"image={podman_image['shell_only']}", "command='echo hi'")
+    assert line.startswith(f"Invalid image='{podman_image['shell_only']}': it has no sleep"), line
+    assert "HINT:" in line
+
+
+def test_an_image_whose_python3_is_another_minor_version_is_refused_naming_both(pypy_image, tmp_path):
+    asked = subprocess.run(
+        ["podman", "run", "--rm", "--entrypoint", "python3", pypy_image, "-c",
+         "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    theirs, ours = asked.stdout.strip(), f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert asked.returncode == 0 and theirs and theirs != ours, (asked.stdout, asked.stderr)
+    line = _refused(tmp_path, f"image={pypy_image}", "recipe=probe")
+    assert line.startswith(f"Invalid image='{pypy_image}'"), line
+    assert f"its python3 is {theirs} (pypy), the launcher's is {ours}" in line and "HINT:" in line
+
+
+def test_a_library_the_task_function_needs_that_the_image_lacks_is_refused_naming_it(podman_image, tmp_path):
+    # a recipe whose code lives in a package the image lacks, its preload naming it as every recipe's does (what
+    # its ranks import there): named before anything starts, where the ranks used to fail importing it. The
+    # project's own packages are mounted (recipes), and torch and mmt's own libraries are in the image
+    line = _refused(
+        tmp_path, f"image={podman_image['image']}", "recipe=probe", "recipe._target_=mmt_no_such_library.probe",
+        "hydra.launcher.preload=[torch.distributed,mmt_no_such_library,recipes.probe]",
+    )  # fmt: skip
+    assert line.startswith("Invalid image="), line
+    assert "has no mmt_no_such_library," in line and "pip install mmt_no_such_library" in line, line
 
 
 def test_a_missing_mount_source_is_refused_naming_container_mounts(podman_image, tmp_path):

@@ -10,6 +10,14 @@ re-parented to it instead of init, and it can find and stop every descendant:
   shortly after; then the rank exits. (Should this process be killed outright, the agent finds the rest by the
   job's ``MMT_JOB_ID``.)
 
+A command in its node's container (a local job with an image: ``MMT_CONTAINER_EXEC``, the runtime's ``exec``) runs in
+the container's PID namespace, where an orphan is adopted by the container's init, never by this process; and this
+process's own descendants are then the runtime's, not the command's: its exec client, and for a runtime that
+watches an exec session with a process of its own (podman's conmon, and the clean-up it runs when the session ends)
+that process too. So there the command's processes are found by what they inherit from this one: the job's tag,
+the run and this process's index (:func:`command_tags`), and only they are stopped and reported; this process adopts
+nothing, and the runtime's own processes end by themselves.
+
 ``python``, ``torchrun`` and the venv's scripts in a command are the launcher's: its interpreter's directory is
 first on PATH (``mmt.planning.environment``).
 
@@ -30,10 +38,11 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from mmt.core import proctree, rank_env
 from mmt.core.ports import listening_ports
+from mmt.core.rank_env import MMT_JOB_ID, MMT_RESTART_COUNT, NODE_RANK, RANK
 
 _STRAGGLER_WAIT_S = 0.5
 # how often a framework job's process looks at where its command listens (a /proc scan of its own tree)
@@ -82,22 +91,77 @@ def _environ(pid: int) -> Dict[str, str]:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
+def command_tags(env: Mapping[str, str]) -> Dict[str, str]:
+    """What every process of this process's command inherits and no other process of the job carries: the job's
+    tag, the run (a restart's) and the process's index in the plan (``RANK``; a per-node command's ``NODE_RANK``).
+    Empty outside a job."""
+    if not env.get(MMT_JOB_ID):
+        return {}
+    tags = {name: env[name] for name in (MMT_JOB_ID, MMT_RESTART_COUNT) if env.get(name)}
+    place = RANK if env.get(RANK) else NODE_RANK
+    if env.get(place):
+        tags[place] = env[place]
+    return tags
+
+
+class CommandProcesses:
+    """Where this process's command runs, and so how its processes are found and stopped.
+
+    On this host they are this process's descendants (it adopts their orphans: a child subreaper). In the node's
+    container they are the processes that carry :func:`command_tags` (the runtime's exec client among them while it
+    runs); this process's other descendants there are the runtime's own, left alone."""
+
+    def __init__(self, in_container: bool, env: Mapping[str, str]) -> None:
+        self.tags = command_tags(env) if in_container else None
+
+    def adopt(self) -> None:
+        """Adopt the command's orphans, where they can be adopted (on this host)."""
+        if self.tags is None:
+            proctree.become_subreaper()
+
+    def pids(self) -> List[int]:
+        """The command's live processes, this one aside."""
+        me = os.getpid()
+        if self.tags is None:
+            return proctree.descendants(me)
+        return proctree.tagged(self.tags, exclude=(me,)) if self.tags else []
+
+    def family(self) -> List[int]:
+        """This process and the command's: where it listens."""
+        return proctree.family(os.getpid()) if self.tags is None else [os.getpid(), *self.pids()]
+
+    def stop(self, grace_s: float = 0.5) -> Set[int]:
+        """SIGTERM every process of the command, SIGKILL those still there after ``grace_s``; their pids."""
+        first = self.pids()
+        proctree.signal_all(first, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        left = first
+        while left and time.monotonic() < deadline:
+            time.sleep(0.02)
+            proctree.reap_any()
+            left = self.pids()
+        proctree.signal_all(left, signal.SIGKILL)
+        proctree.reap_any()
+        return set(first)
+
+
 class ListenerGuard:
     """Where a framework job's processes listen, against the ports its contract (this process's) holds for each."""
 
-    def __init__(self, env: Mapping[str, str], index: int) -> None:
+    def __init__(self, env: Mapping[str, str], index: int, command: Optional[CommandProcesses] = None) -> None:
         self.env, self.index = dict(env), index
+        self.command = command or CommandProcesses(False, env)
 
     @classmethod
-    def for_this_process(cls) -> Optional["ListenerGuard"]:
+    def for_this_process(cls, command: Optional[CommandProcesses] = None) -> Optional["ListenerGuard"]:
         index = rank_env.process_index(os.environ)
         if index is None or not rank_env.port_claims(os.environ):
             return None  # no framework: nothing mmt holds for anyone but MASTER_PORT
-        return cls(os.environ, index)
+        return cls(os.environ, index, command)
 
     def check_own(self) -> Optional[str]:
         """Whether this process's command listens where it must not."""
-        found = listening_ports(proctree.family(os.getpid()))
+        found = listening_ports(self.command.family())
         return rank_env.misplaced_listener(self.env, {self.index: set().union(*found.values())} if found else {})
 
     def check_job(self) -> Optional[str]:
@@ -132,7 +196,9 @@ def _own_output_tail() -> str:
         return ""
 
 
-def _wait(process: "subprocess.Popen[bytes]", guard: Optional[ListenerGuard]) -> Tuple[int, Optional[str]]:
+def _wait(
+    process: "subprocess.Popen[bytes]", guard: Optional[ListenerGuard], command: CommandProcesses
+) -> Tuple[int, Optional[str]]:
     """The command's exit status, and why the guard stopped it (None: it ended by itself)."""
     while True:
         try:
@@ -140,34 +206,21 @@ def _wait(process: "subprocess.Popen[bytes]", guard: Optional[ListenerGuard]) ->
         except subprocess.TimeoutExpired:
             reason = guard.check_own() if guard is not None else None
             if reason is not None:  # stop the command, reaping nothing before Popen has its status
-                proctree.signal_all(proctree.descendants(os.getpid()), signal.SIGTERM)
+                proctree.signal_all(command.pids(), signal.SIGTERM)
                 try:
                     return process.wait(timeout=_STRAGGLER_WAIT_S), reason
                 except subprocess.TimeoutExpired:
-                    proctree.signal_all(proctree.descendants(os.getpid()), signal.SIGKILL)
+                    proctree.signal_all(command.pids(), signal.SIGKILL)
                     return process.wait(), reason
 
 
-def stop_descendants(grace_s: float = _STRAGGLER_WAIT_S) -> Set[int]:
-    """SIGTERM every descendant of this process, SIGKILL those still there after ``grace_s``; their pids."""
-    me = os.getpid()
-    first = proctree.descendants(me)
-    proctree.signal_all(first, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    left = first
-    while left and time.monotonic() < deadline:
-        time.sleep(0.02)
-        proctree.reap_any()
-        left = proctree.descendants(me)
-    proctree.signal_all(left, signal.SIGKILL)
-    proctree.reap_any()
-    return set(first)
+def _stop_on_sigterm(command: CommandProcesses) -> Callable[[int, Any], None]:
+    def on_sigterm(signum: int, _frame: Any) -> None:
+        command.stop(_STRAGGLER_WAIT_S)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)  # die of the signal, as a rank without a command would
 
-
-def _on_sigterm(signum: int, _frame: Any) -> None:
-    stop_descendants()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)  # die of the signal, as a rank without a command would
+    return on_sigterm
 
 
 def command_task(command: str, container: Sequence[str] = ()) -> Callable[[Any], Dict[str, Any]]:
@@ -179,18 +232,20 @@ def command_task(command: str, container: Sequence[str] = ()) -> Callable[[Any],
     def run_command(_cfg: Any) -> Dict[str, Any]:
         sys.stdout.flush()
         sys.stderr.flush()
-        proctree.become_subreaper()
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        processes = CommandProcesses(bool(container), os.environ)
+        processes.adopt()
+        previous = signal.signal(signal.SIGTERM, _stop_on_sigterm(processes))
         started = time.monotonic()
-        guard = ListenerGuard.for_this_process()
+        guard = ListenerGuard.for_this_process(processes)
         try:
-            code, reason = _wait(subprocess.Popen(shell, env=os.environ.copy()), guard)
+            code, reason = _wait(subprocess.Popen(shell, env=os.environ.copy()), guard, processes)
         finally:
-            left = stop_descendants()
+            left = processes.stop(_STRAGGLER_WAIT_S)
             signal.signal(signal.SIGTERM, previous)
         if left:
+            where = " in its container" if container else ""
             print(
-                f"mmt: stopped {len(left)} process(es) the command left running: {sorted(left)}",
+                f"mmt: stopped {len(left)} process(es) the command left running{where}: {sorted(left)}",
                 file=sys.stderr,
                 flush=True,
             )

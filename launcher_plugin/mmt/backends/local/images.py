@@ -12,8 +12,12 @@ network keeps ``MASTER_ADDR`` valid), ``exec -e NAME ... -w DIR`` into it. What 
   ranks, as on SLURM.
 
 Bad input is refused before anything starts, naming the key: a runtime that is not installed, an image the runtime
-does not have (mmt never pulls: N nodes pulling at once is not a launch), a mount source that is missing, an image
-without ``python3`` for the task function. The image facts are asked once per image and launch.
+does not have (mmt never pulls: N nodes pulling at once is not a launch), a mount source that is missing, and an
+image without what mmt will run in it: for a command ``sh`` and ``sleep`` (the node's container waits in
+``sleep infinity``), for the task function ``python3`` of the launcher's minor version (the task function travels
+pickled) and the libraries its ranks import there (mmt's own runtime and the job's preload). What an image holds is
+asked of the image itself in one container (its shell, and its python3), once per image: the answer is kept by
+image id in ``$MMT_HOME/images.json``.
 """
 
 import json
@@ -23,10 +27,10 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from omegaconf import OmegaConf
 
@@ -45,6 +49,11 @@ _INSTALL = {
 # where the host's mmt is mounted in a task-function container
 MMT_MOUNT = "/opt/mmt"
 _PROBE_TIMEOUT_S = 120.0
+# what every rank of the task function imports in the image besides the job's preload: mmt's own runtime (the module,
+# and the distribution that installs it)
+RUNTIME_MODULES = {"hydra": "hydra-core", "omegaconf": "omegaconf", "cloudpickle": "cloudpickle"}
+# asked of every image along with those, so that the recipes' preload is answered by the image's first probe
+_ALSO_ASKED = ("torch", "lightning")
 
 
 @dataclass(frozen=True)
@@ -114,8 +123,8 @@ def problems(plan: JobPlan, settings: ContainerSettings) -> List[ConfigError]:
                 "run it without image= here, or on cluster=slurm with pyxis, apptainer or oci",
             )
         )
-    facts = _image_facts(runtime, plan.image)
-    if facts == "missing":
+    facts = _image_facts(runtime, plan.image, _asked(plan))
+    if facts == MISSING:
         found.append(
             ConfigError(
                 "image",
@@ -124,23 +133,223 @@ def problems(plan: JobPlan, settings: ContainerSettings) -> List[ConfigError]:
                 f"pull or build it first: {runtime} pull {plan.image}",
             )
         )
-    elif plan.command is None and facts == "no-python":
-        found.append(
-            ConfigError(
-                "image",
-                plan.image,
-                "it has no python3, which runs the task function in it (mmt and the app are mounted from this host)",
-                "use an image with python3, torch and Lightning, or run a command in it with command=...",
-            )
-        )
+    elif isinstance(facts, ImageFacts):
+        found += facts.problems(plan, runtime)
     return found
 
 
+@dataclass(frozen=True)
+class ImageFacts:
+    """What an image holds of what mmt runs in it, as the image's own shell and python3 answered."""
+
+    # ``sh`` runs in it (a command runs through ``sh -c``)
+    shell: bool = False
+    # ``sleep`` is on its PATH (a command's node container waits in ``sleep infinity``); None: unknown (no shell)
+    sleep: Optional[bool] = None
+    # ``python3`` is on its PATH, and its version (``3.11``; None when it is missing or did not run)
+    python_found: bool = False
+    python: Optional[str] = None
+    implementation: str = ""
+    # module -> whether its python3 finds it (without importing it)
+    modules: Mapping[str, bool] = field(default_factory=dict)
+
+    def problems(self, plan: JobPlan, runtime: str) -> List[ConfigError]:
+        """Why this job cannot run in the image: the first cause mmt would meet, or none."""
+        image = plan.image
+        if plan.command is not None:
+            if not self.shell:
+                return [
+                    ConfigError(
+                        "image",
+                        image,
+                        "it has no sh, which runs the command in each node's container (exec ... sh -c <command>)",
+                        "use an image with /bin/sh, or run the task function in it (no command=)",
+                    )
+                ]
+            if not self.sleep:
+                return [
+                    ConfigError(
+                        "image",
+                        image,
+                        "it has no sleep, which keeps each node's container running while the ranks' commands are "
+                        "exec-ed into it (--entrypoint sleep <image> infinity)",
+                        "use an image that has sleep on its PATH (coreutils or busybox: e.g. apt-get install "
+                        "coreutils, or apk add busybox, in its Dockerfile)",
+                    )
+                ]
+            return []
+        ours = f"{sys.version_info.major}.{sys.version_info.minor}"
+        if not self.python_found:
+            return [
+                ConfigError(
+                    "image",
+                    image,
+                    "it has no python3, which runs the task function in it (mmt and the app are mounted from "
+                    "this host)",
+                    f"use an image with python3 {ours}, torch and Lightning, or run a command in it with command=...",
+                )
+            ]
+        if self.python is None:
+            return [
+                ConfigError(
+                    "image",
+                    image,
+                    "its python3 does not run (it exited with an error when asked its version)",
+                    f"see why: {runtime} run --rm --entrypoint python3 {image} -V; or use an image with python3 {ours}",
+                )
+            ]
+        if self.python != ours:
+            other = self.implementation and self.implementation != sys.implementation.name
+            theirs = self.python + (f" ({self.implementation})" if other else "")
+            return [
+                ConfigError(
+                    "image",
+                    image,
+                    f"its python3 is {theirs}, the launcher's is {ours}: the task function travels pickled, so the "
+                    "two must be the same minor version",
+                    f"use an image with Python {ours}, run the launcher with Python {self.python}, or run a command "
+                    "in the image with command=...",
+                )
+            ]
+        missing = [name for name in _needed(plan) if not self.modules.get(name, True)]
+        if missing:
+            names = ", ".join(RUNTIME_MODULES.get(name, name) for name in missing)
+            return [
+                ConfigError(
+                    "image",
+                    image,
+                    f"its python3 {self.python} has no {names}, which the task function's ranks import in it "
+                    "(mmt's own runtime: hydra-core, omegaconf, cloudpickle; and the job's preload)",
+                    f"install them in the image (pip install {' '.join(RUNTIME_MODULES.get(n, n) for n in missing)})",
+                )
+            ]
+        return []
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "shell": self.shell,
+            "sleep": self.sleep,
+            "python_found": self.python_found,
+            "python": self.python,
+            "implementation": self.implementation,
+            "modules": dict(self.modules),
+        }
+
+    @classmethod
+    def from_json(cls, value: Any) -> Optional["ImageFacts"]:
+        """The facts kept for an image, or None where they are not facts of this shape (an older mmt's: ask again)."""
+        if not isinstance(value, dict) or set(value) != set(cls().to_json()):
+            return None
+        modules = value["modules"]
+        typed = (
+            isinstance(value["shell"], bool)
+            and isinstance(value["sleep"], (bool, type(None)))
+            and isinstance(value["python_found"], bool)
+            and isinstance(value["python"], (str, type(None)))
+            and isinstance(value["implementation"], str)
+            and isinstance(modules, dict)
+            and all(isinstance(k, str) and isinstance(v, bool) for k, v in modules.items())
+        )
+        if not typed:
+            return None
+        return cls(
+            shell=value["shell"],
+            sleep=value["sleep"],
+            python_found=value["python_found"],
+            python=value["python"],
+            implementation=value["implementation"],
+            modules=dict(modules),
+        )
+
+
+def _needed(plan: JobPlan) -> Tuple[str, ...]:
+    """The modules the task function's ranks import from the image: mmt's own runtime, and the top-level package of
+    every preload entry that the mounts do not bring (mmt itself, the project's and the app's own packages)."""
+    names = dict.fromkeys(RUNTIME_MODULES)
+    cwd = os.getcwd()
+    mounted = [cwd, _app_dir(cwd), *plan.env.get("PYTHONPATH", "").split(os.pathsep)]
+    for entry in plan.preload:
+        top = entry.split(".")[0]
+        if top and top != "mmt" and not any(_provides(folder, top) for folder in mounted if folder):
+            names[top] = None
+    return tuple(names)
+
+
+def _provides(folder: str, module: str) -> bool:
+    base = Path(folder)
+    return (base / module).is_dir() or (base / f"{module}.py").is_file() or any(base.glob(f"{module}.*.so"))
+
+
+def _asked(plan: JobPlan) -> Tuple[str, ...]:
+    """The modules to ask the image about: the same for a command, so that the answer serves the task function too."""
+    return tuple(sorted({*RUNTIME_MODULES, *_ALSO_ASKED, *(_needed(plan) if plan.command is None else ())}))
+
+
+MISSING = "missing"
+# the exit status of `podman run` and `docker run` whose program the runtime could not run: not there (127), not
+# executable (126); and the runtime's own failure (125)
+_NOT_RUN = (126, 127)
+_RUNTIME_FAILED = 125
+_MARK = "mmt-image-fact"
+# what the image's python3 says, whichever version it is (no f-strings: an old python3 still answers): its version
+# and implementation, and which of the modules named on its command line it finds, without importing any
+_PYTHON_PROBE = f"""import sys
+impl = getattr(getattr(sys, "implementation", None), "name", "cpython")
+print("{_MARK} python %d.%d %s" % (sys.version_info[0], sys.version_info[1], impl))
+try:
+    from importlib.util import find_spec
+except ImportError:
+    find_spec = None
+for name in sys.argv[1:]:
+    try:
+        found = find_spec is not None and find_spec(name) is not None
+    except Exception:
+        found = False
+    print("{_MARK} module %s %s" % (name, "yes" if found else "no"))
+"""
+# what the image's sh says: that it runs, whether sleep is a program on its PATH (a shell's builtin is not: the
+# runtime runs the container's entrypoint), and its python3's answer (the modules are the script's arguments)
+_SHELL_PROBE = f"""echo "{_MARK} shell yes"
+case "$(command -v sleep)" in /*) echo "{_MARK} sleep yes" ;; *) echo "{_MARK} sleep no" ;; esac
+if command -v python3 >/dev/null 2>&1; then
+    python3 -c {shlex.quote(_PYTHON_PROBE)} "$@" || echo "{_MARK} python-failed"
+else
+    echo "{_MARK} no-python"
+fi
+"""
+
+
+def parse_facts(output: str, python_found: Optional[bool] = None) -> ImageFacts:
+    """The facts in a probe's output (:data:`_SHELL_PROBE`'s, or :data:`_PYTHON_PROBE`'s alone for an image without
+    a shell, whose python3 is then ``python_found``); lines that are not the probe's are ignored."""
+    said: Dict[str, List[str]] = {}
+    modules: Dict[str, bool] = {}
+    for line in output.splitlines():
+        words = line.split()
+        if len(words) < 2 or words[0] != _MARK:
+            continue
+        if words[1] == "module" and len(words) == 4:
+            modules[words[2]] = words[3] == "yes"
+        else:
+            said[words[1]] = words[2:]
+    version = said.get("python")
+    shell = said.get("shell") == ["yes"]
+    return ImageFacts(
+        shell=shell,
+        sleep=said["sleep"] == ["yes"] if "sleep" in said else None,
+        python_found=bool(version) or ("python-failed" in said) or (bool(python_found) and not shell),
+        python=version[0] if version and re.fullmatch(r"\d+\.\d+", version[0]) else None,
+        implementation=version[1] if version and len(version) > 1 else "",
+        modules=modules,
+    )
+
+
 @lru_cache(maxsize=None)
-def _image_facts(runtime: str, image: str) -> str:
-    """``missing``, ``no-python`` or ``ok``: asked of the runtime once per image and launch. Whether an image has
-    python3 needs a container, a few tenths of a second: the answer is kept by image id in ``$MMT_HOME`` (an image
-    id is its content), so a launch of the same image only asks whether it is there."""
+def _image_facts(runtime: str, image: str, modules: Tuple[str, ...]) -> Union[str, ImageFacts, None]:
+    """:data:`MISSING`, the image's facts, or None where the runtime did not answer (nothing is refused then): asked
+    once per image and launch. Asking the image needs a container, a few tenths of a second: the answer is kept by
+    image id in ``$MMT_HOME`` (an image id is its content), so a launch of the same image only asks whether it is
+    there; an image is asked again only for a module it was never asked about (another preload)."""
     try:
         present = subprocess.run(
             [runtime, "image", "inspect", "--format", "{{.Id}}", image],
@@ -148,33 +357,62 @@ def _image_facts(runtime: str, image: str) -> str:
             text=True,
             timeout=_PROBE_TIMEOUT_S,
         )
-        if present.returncode != 0:
-            return "missing"
-        known = _known_images()
-        key = f"{runtime}:{present.stdout.strip()}"
-        if key not in known:
-            python = subprocess.run(
-                [runtime, "run", "--rm", "--pull=never", "--network=none", "--entrypoint", "python3", image, "-c", ""],
-                capture_output=True,
-                timeout=_PROBE_TIMEOUT_S,
-            )
-            known[key] = "ok" if python.returncode == 0 else "no-python"
-            _keep_known_images(known)
-        return known[key]
     except (OSError, subprocess.TimeoutExpired):
-        return "missing"
+        return MISSING
+    if present.returncode != 0:
+        return MISSING
+    known = _known_images()
+    key = f"{runtime}:{present.stdout.strip()}"
+    facts = ImageFacts.from_json(known.get(key))
+    if facts is not None and (facts.python is None or all(name in facts.modules for name in modules)):
+        return facts  # (an image without a working python3 has no modules to ask about)
+    asked = tuple(sorted({*modules, *(facts.modules if facts is not None else ())}))
+    facts = _ask_image(runtime, image, asked)
+    if facts is not None:
+        known[key] = facts.to_json()
+        _keep_known_images(known)
+    return facts
+
+
+def _ask_image(runtime: str, image: str, modules: Tuple[str, ...]) -> Optional[ImageFacts]:
+    """The image's facts from one container: its sh, and through it its python3. An image without a shell is asked
+    its python3's answer alone (a second container, for such images only). None: the runtime did not answer."""
+    run = [runtime, "run", "--rm", "--pull=never", "--network=none"]
+    try:
+        shell = subprocess.run(
+            [*run, "--entrypoint", "sh", image, "-c", _SHELL_PROBE, "sh", *modules],
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT_S,
+        )
+        facts = parse_facts(shell.stdout)
+        if facts.shell:
+            return facts
+        if shell.returncode not in _NOT_RUN:
+            return None  # the runtime failed, not the image's sh: nothing to keep
+        python = subprocess.run(
+            [*run, "--entrypoint", "python3", image, "-c", _PYTHON_PROBE, *modules],
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if python.returncode == _RUNTIME_FAILED:
+        return None
+    return parse_facts(python.stdout, python_found=python.returncode not in _NOT_RUN)
 
 
 def _known_images_file() -> Path:
     return home() / "images.json"
 
 
-def _known_images() -> Dict[str, str]:
+def _known_images() -> Dict[str, Any]:
     noted = read_json(_known_images_file())
-    return {str(k): str(v) for k, v in noted.items()} if isinstance(noted, dict) else {}
+    return {str(k): v for k, v in noted.items()} if isinstance(noted, dict) else {}
 
 
-def _keep_known_images(known: Dict[str, str]) -> None:
+def _keep_known_images(known: Dict[str, Any]) -> None:
     try:
         _known_images_file().parent.mkdir(parents=True, exist_ok=True)
         write_atomic(_known_images_file(), json.dumps(known).encode())
