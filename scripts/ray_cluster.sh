@@ -18,6 +18,10 @@
 #                               Ray's GCS holds it dead once its health checks fail (about 3 s here)
 #   ray_cluster.sh revive-node N
 #                               start worker N again and wait until it is alive
+#   ray_cluster.sh pause-dashboard / resume-dashboard
+#                               SIGSTOP / SIGCONT the head's dashboard (the job API) and its subprocesses: a
+#                               dashboard that does not answer for a while (a network cut, an overloaded head)
+#                               while the cluster and its jobs run on
 #
 # How it works
 #   * The head (127.0.0.5 by default) holds no CPU (--num-cpus=0): it runs Ray's own services and the jobs'
@@ -159,6 +163,27 @@ kill_all() {  # kill_all SIGNAL PID...: each that is still there
     for pid in "$@"; do kill "-$sig" "$pid" 2>/dev/null || true; done
 }
 
+dashboard_pids() {  # the head's dashboard process and its descendants
+    local root
+    root=$(pgrep -f -- "dashboard/dashboard.py --host=$HEAD --port=$DASHBOARD_PORT" | head -1)
+    [[ -n $root ]] || die "no dashboard of $(address) runs here"
+    ps -e -o pid=,ppid= | awk -v root="$root" '
+        { parent[$1] = $2 }
+        END { keep[root] = 1
+              do { added = 0; for (p in parent) if (!(p in keep) && (parent[p] in keep)) { keep[p] = 1; added = 1 } }
+              while (added)
+              for (p in keep) print p }'
+}
+
+cmd_signal_dashboard() {  # cmd_signal_dashboard SIGNAL WORD
+    check_knobs
+    local pids
+    pids=$(dashboard_pids) || exit 1
+    # shellcheck disable=SC2086 - one pid per word
+    kill_all "$1" $pids
+    log "the dashboard of $(address) $2"
+}
+
 cmd_start() {
     check_knobs
     ray_env
@@ -244,6 +269,8 @@ status) cmd_status ;;
 env) cmd_env ;;
 purge) cmd_stop && rm -rf "$BASE" ;;
 fail-node) cmd_fail_node "${2:-}" ;;
+pause-dashboard) cmd_signal_dashboard STOP paused ;;
+resume-dashboard) cmd_signal_dashboard CONT resumed ;;
 revive-node) cmd_revive_node "${2:-}" ;;
 *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -10,9 +10,10 @@ from typing import Any
 
 from mmt.core.rank_env import RankInfo
 from mmt.core.timeline import mark as mark_phase
+from mmt.core.version import VERSION
 
 __all__ = ["RankInfo", "mark_phase", "Job", "MMT", "Machine", "Status"]
-__version__ = "0.2.0"
+__version__ = VERSION
 
 _SDK = ("Job", "MMT", "Machine", "Status")
 

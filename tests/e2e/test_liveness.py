@@ -202,6 +202,23 @@ def test_a_killed_supervisors_job_is_failed_in_its_job_dir_and_on_the_live_page(
     assert shown["status"] == "FAILED" and "ended without concluding it" in shown["error"]
 
 
+def test_a_supervisor_killed_10_s_in_ends_its_job_at_its_last_sign_of_life_not_when_found(tmp_path, tag):
+    """The duration of a job whose supervisor died ends at its last beat (every 2 s), however late `mmt list`
+    notices: not 10 s in + the 20 s until it looked."""
+    name = f"beat-{tag[:6]}"
+    started = mmt("run", "--name", name, "--detach", "--command", "sleep 120", cwd=tmp_path, tag=tag)
+    assert started.returncode == 0, started.stderr[-3000:]
+    _wait_status(tmp_path, name, "Running")
+    running_at = registered(name)[name]["started_at"]
+    time.sleep(max(0.0, running_at + 10 - time.time()))
+    os.kill(registered(name)[name]["supervisor_pid"], signal.SIGKILL)
+    assert wait_gone(tag) == []
+    time.sleep(20)  # noticed long after
+    row = _status(tmp_path, name)
+    assert row["status"] == "Failed", row
+    assert 8 <= row["duration_s"] < 15, row
+
+
 # --------------------------------------------------------------------- 12. two launches into one sweep dir at once
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+import mmt
 from helpers.plans import local_plan
 from hydra_plugins.mmt_launcher.config import RayLauncherConf
 from mmt.backends.ray import placement
@@ -20,7 +21,7 @@ from mmt.backends.ray.actor import inherited_env, node_cores
 from mmt.backends.ray.api import ClusterNode, RayJob
 from mmt.backends.ray.conclusion import LostNode, RunEnd, conclude, ended_outside
 from mmt.backends.ray.settings import RaySettings, cluster_address
-from mmt.backends.ray.task import JobRef, RayTask, entrypoint, read_task_file, write_task_file
+from mmt.backends.ray.task import JobRef, RayTask, entrypoint, read_task_file, shown, write_task_file
 from mmt.core.errors import ConfigError
 from mmt.core.jobdir import Attempt
 from mmt.core.states import JobState
@@ -233,7 +234,13 @@ def test_the_task_file_is_the_owners_only_and_the_entrypoint_quotes_what_it_name
     )
     path = write_task_file(task)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and read_task_file(str(path)) == task
-    assert entrypoint(task, path) == f"cd '/work/my app' && exec python -u -m mmt.backends.ray.driver {path}"
+    command = entrypoint(task, path)
+    assert command.startswith("cd '/work/my app' && exec python -u -c ")
+    assert command.endswith(f" {path} {mmt.__version__} {sys.version_info[0]}.{sys.version_info[1]}")
+    assert shown(command) == (
+        "cd '/work/my app' && exec python -u -c <mmt's check, then the driver mmt.backends.ray.driver> "
+        f"{path} {mmt.__version__} {sys.version_info[0]}.{sys.version_info[1]}"
+    )
     assert "s3cr3t" not in repr(task)  # secrets are never printed
     uploaded = RayTask(**{**task.__dict__, "project_dir": None})
     assert entrypoint(uploaded, path).startswith("exec python")  # the runtime env's working_dir is the cwd

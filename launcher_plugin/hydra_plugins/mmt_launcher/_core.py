@@ -199,6 +199,9 @@ def _launch(
             returns.append(
                 _failed_return(job, InvalidJobError(f"job {num}", "not submitted: the launch was interrupted first"))
             )
+        elif job.prepared.plan.name in report.unconfirmed:
+            why = "asked to stop, not confirmed: its cluster does not answer"
+            returns.append(_failed_return(job, InvalidJobError(f"job {num}", why)))
         else:  # left running (detached on SIGHUP): no result yet
             returns.append(_failed_return(job, InvalidJobError(f"job {num}", "detached: still running")))
     if report.interrupted_by is not None:

@@ -200,6 +200,8 @@ class RayLauncherConf(JobConf):
     runtime_env: Dict[str, Any] = field(default_factory=lambda: {"working_dir": None, "pip": [], "env_vars": {}})
     # seconds between questions to Ray's job API; the job dir is read every 0.1 s regardless
     poll_interval_s: float = 1.0
+    # seconds the cluster (its dashboard) may not answer before its jobs are concluded FAILED, lost with it
+    cluster_grace_s: float = 300.0
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="mmt_local", node=LocalLauncherConf, provider="mmt_launcher")

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Generic, Iterator, List, Mapping, Optional, Se
 
 from omegaconf import DictConfig
 
-from mmt.core.errors import ConfigError
+from mmt.core.errors import ConfigError, NotCarriedOut
 from mmt.core.jobdir import Attempt
 from mmt.core.states import JobState
 from mmt.planning.plan import JobPlan, Limits
@@ -63,6 +63,9 @@ class JobSnapshot:
     scheduler_id: Optional[str] = None
     # once final
     outcome: Optional[JobOutcome] = None
+    # the job's cluster does not answer (its controller: Ray's dashboard, slurmctld): who, since when, and how to
+    # check by hand; a stop asked meanwhile cannot be confirmed (the launcher gives up waiting for it, saying so)
+    silent: Optional[str] = None
 
 
 class JobHandle:
@@ -160,13 +163,24 @@ class Backend(JobTracker[H]):
     @classmethod
     @abc.abstractmethod
     def stop(cls, record: JobRecord) -> str:
-        """Ask a registered job to stop, from any process; returns what was done, as a line for the user."""
+        """Ask a registered job to stop, from any process; returns what was done, as a line for the user.
+        ``NotCarriedOut`` when the stop could not be asked (the cluster does not answer), saying why."""
 
     @classmethod
     def stop_all(cls, records: Sequence[JobRecord]) -> List[str]:
         """Ask many registered jobs to stop (every job of a launch); a backend may ask its scheduler once for all
-        of them (SLURM: one scancel). Returns what was done, as lines for the user."""
-        return [cls.stop(record) for record in records]
+        of them (SLURM: one scancel). Returns what was done, as lines for the user; ``NotCarriedOut`` (its
+        ``done``: the lines of the stops that were asked) when any could not be asked."""
+        done: List[str] = []
+        failed: List[str] = []
+        for record in records:
+            try:
+                done.append(cls.stop(record))
+            except NotCarriedOut as exc:
+                failed.append(str(exc))
+        if failed:
+            raise NotCarriedOut("; ".join(failed), tuple(done))
+        return done
 
     @property
     @abc.abstractmethod

@@ -416,7 +416,7 @@ def _stop(args: argparse.Namespace) -> int:
 
     for line in stop_named(args.name, Registry()):
         print(line)
-    return 0
+    return 0  # a stop that could not be asked raises NotCarriedOut: exit 1 (main)
 
 
 def _wait(args: argparse.Namespace) -> int:
@@ -510,11 +510,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     }
     from hydra.errors import HydraException
 
-    from mmt.core.errors import ConfigError
+    from mmt.core.errors import ConfigError, NotCarriedOut
 
     try:
         _refuse_lightning_flags(args)
         return verbs[args.verb](args)
+    except NotCarriedOut as exc:  # accepted, and could not be done (a stop the cluster did not take)
+        for line in exc.done:
+            print(line)
+        print(f"mmt: {exc}", file=sys.stderr)
+        return 1
     except ConfigError as exc:  # a value a flag gave: named as the flag the user typed
         print(f"mmt: {_in_flag_terms(exc, args.verb)}", file=sys.stderr)
         return 2

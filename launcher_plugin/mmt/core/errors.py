@@ -36,6 +36,18 @@ class UsageError(MMTError):
     """A request mmt refuses for a reason other than one config value (a job dir in use, an unknown job name)."""
 
 
+class NotCarriedOut(MMTError):
+    """A request mmt accepted but could not carry out (a stop the cluster did not take): the CLI exits 1, the SDK
+    raises it. ``done``: what was carried out before it (lines for the user), said before the failure."""
+
+    def __init__(self, message: str, done: Tuple[str, ...] = ()) -> None:
+        self.done = tuple(done)
+        super().__init__(message)
+
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
+        return (NotCarriedOut, (str(self), self.done))
+
+
 @dataclass(frozen=True)
 class RankFailure:
     """The first process that failed in a job."""

@@ -66,6 +66,8 @@ class LaunchReport:
     detached: List[str] = field(default_factory=list)
     # jobs never submitted: the launch was interrupted while it submitted them (job numbers)
     unsubmitted: List[int] = field(default_factory=list)
+    # jobs asked to stop whose cluster did not answer: the stop is recorded, not confirmed; they may still run
+    unconfirmed: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -108,3 +110,5 @@ class Watched:
     run_started_at: float = 0.0
     restart_at: Optional[float] = None
     failed_run: Optional[JobOutcome] = None
+    # asked to stop while its cluster did not answer: what the backend said of the silence; the launcher gave up
+    unconfirmed: Optional[str] = None

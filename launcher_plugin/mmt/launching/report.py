@@ -179,6 +179,12 @@ def summarise(
             f"mmt: {len(report.detached)} job(s) run on, detached: {', '.join(report.detached)}. "
             "Follow them with `mmt wait NAME`, `mmt logs NAME -f` or `mmt list`\n"
         )
+    elif report.interrupted_by is not None and report.unconfirmed:
+        console.write(
+            f"mmt: {signal.Signals(report.interrupted_by).name} received; the stop of {len(report.unconfirmed)} "
+            f"job(s) could not be confirmed, their cluster does not answer: {', '.join(report.unconfirmed)}. "
+            "`mmt list` asks again once it answers\n"
+        )
     elif report.interrupted_by is not None:
         console.write(
             f"mmt: {signal.Signals(report.interrupted_by).name} received; every rank of every job was stopped\n"

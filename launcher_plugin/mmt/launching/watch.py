@@ -20,6 +20,9 @@ from mmt.planning.plan import JobPlan
 from mmt.records.registry import Registry
 
 _TICK_S = 0.05
+# after a Ctrl-C or SIGTERM, how long a stop the job's cluster does not answer is waited for (a second signal: not at
+# all); then the launcher records it as asked and not confirmed, and ends
+STOP_CONFIRM_S = 3.0
 
 
 def watch(
@@ -37,15 +40,16 @@ def watch(
     _following(watched, True)
     next_beat = time.monotonic() + WATCHED_FRESH_S / 3
     interrupted = killed = False
+    interrupted_at = 0.0
     next_stop_check = 0.0
     progress = ProgressView.for_plans(console, [item.plan for item in watched])
-    while any(item.report is None for item in watched):
+    while any(item.report is None and item.unconfirmed is None for item in watched):
         if deadline is not None and time.monotonic() >= deadline:
             report.detached = [item.plan.name for item in watched if item.report is None]
             _following([item for item in watched if item.report is None], False)
             break
         if trap.received is not None and not interrupted:
-            interrupted = True
+            interrupted, interrupted_at = True, time.monotonic()
             report.interrupted_by = trap.received
             action = on_hangup if trap.received == signal.SIGHUP else on_interrupt
             if action == "detach":
@@ -67,6 +71,7 @@ def watch(
         if time.monotonic() >= next_beat:
             next_beat = time.monotonic() + WATCHED_FRESH_S / 3
             _following([item for item in watched if item.report is None], True)
+            _beat(watched)
         check_stops = time.monotonic() >= next_stop_check
         if check_stops:
             next_stop_check = time.monotonic() + 0.5
@@ -74,6 +79,9 @@ def watch(
         for item in watched:
             if item.report is not None:
                 states[item.plan.num] = item.report.outcome.status.value
+                continue
+            if item.unconfirmed is not None:
+                states[item.plan.num] = JobState.STOPPING.value
                 continue
             if item.failed_run is not None:  # between a failure and its restart
                 assert item.claim is not None
@@ -99,6 +107,10 @@ def watch(
                     item.report = conclude(item, status.outcome, console, options.registry)
             elif check_stops and item.claim is not None and item.claim.stop_requested():
                 backend.cancel(item.handle, "stopped on request (mmt stop)")
+            elif interrupted and status.silent is not None:
+                if trap.urgent or time.monotonic() - interrupted_at >= STOP_CONFIRM_S:
+                    _give_up(item, status.silent, console, options.registry)
+                    report.unconfirmed.append(item.plan.name)
             states[item.plan.num] = item.report.outcome.status.value if item.report else status.state.value
         progress.update(states)
     progress.close()
@@ -121,6 +133,26 @@ def _following(watched: List[Watched], following: bool) -> None:
                 item.handle.attempt.watched.unlink(missing_ok=True)
         except OSError:
             pass
+
+
+def _beat(watched: List[Watched]) -> None:
+    """Each watched attempt's supervisor is alive now (its beacon's time): a supervisor that dies is concluded by
+    whoever finds it dead as ended at its last beat, not when it was found."""
+    for item in watched:
+        if item.report is None and item.claim is not None and item.claim.beacon is not None:
+            item.claim.beacon.beat()
+
+
+def _give_up(item: Watched, silent: str, console: Console, registry: Optional[Registry]) -> None:
+    """A stop the job's cluster does not take: recorded as asked (its backend's record of the stop), left to whoever
+    finds the cluster answering again; the launcher ends without it."""
+    item.unconfirmed = silent
+    _following([item], False)
+    console.write(
+        f"mmt: job {item.plan.num} ({item.plan.name}): its stop could not be confirmed: {silent}. It may still run; "
+        f"the stop is recorded and `mmt list` asks again once the cluster answers\n"
+    )
+    _mark_detached(registry, [item.plan.name])
 
 
 def _mark_detached(registry: Optional[Registry], names: List[str]) -> None:

@@ -85,12 +85,16 @@ def record_conclusion(
     return Recorded(result_error=result_error, registry_error=registry_error)
 
 
-def conclude_from_outside(plan: JobPlan, attempt: Attempt, outcome: JobOutcome) -> ResultRecord:
+def conclude_from_outside(
+    plan: JobPlan, attempt: Attempt, outcome: JobOutcome, ended_at: Optional[float] = None
+) -> ResultRecord:
     """The result of a job that ended with nobody concluding it (concluded by ``mmt list`` or a watcher from what
     its scheduler says): its return value, earlier runs and requeues, written to ``result.json`` where the job dir
-    can still be written (the registry keeps it otherwise), and its payload discarded."""
+    can still be written (the registry keeps it otherwise), and its payload discarded. ``ended_at``: when it ended,
+    where that was before it was found (the last sign of life the records hold); now by default."""
     value = return_value_of(read_primary_return(attempt))
-    result = with_earlier_runs(result_record(plan, outcome, value, attempt.id, ended_at=time.time()), recorded(attempt))
+    ended = time.time() if ended_at is None else ended_at
+    result = with_earlier_runs(result_record(plan, outcome, value, attempt.id, ended_at=ended), recorded(attempt))
     result = with_requeues(result, attempt)
     try:
         write_result(plan, result)

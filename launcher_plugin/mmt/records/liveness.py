@@ -67,6 +67,13 @@ class Beacon:
     def stop_requested(self) -> bool:
         return self.run.stop_request.exists()
 
+    def beat(self) -> None:
+        """The supervisor is alive now: the lock file's time (what :func:`last_beat` reads once it has died)."""
+        try:
+            os.utime(self.fd)
+        except OSError:
+            pass
+
     def release(self) -> None:
         """The attempt is concluded: its entries go, then the lock."""
         if self.fd < 0:
@@ -122,6 +129,14 @@ def supervisor_alive(record: JobRecord) -> bool:
     if record.supervisor_host is not None and record.supervisor_host != socket.gethostname():
         return False  # another host's pid says nothing here
     return proctree.still_running(record.supervisor_pid, record.supervisor_start)
+
+
+def last_beat(job_id: Optional[str], attempt_id: str) -> Optional[float]:
+    """When the attempt's supervisor was last alive, as its beacon says (None without one)."""
+    try:
+        return entries(job_id, attempt_id).lock.stat().st_mtime
+    except OSError:
+        return None
 
 
 def request_stop(job_id: Optional[str], attempt_id: str) -> None:

@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from mmt.core.errors import NotCarriedOut
 from mmt.core.jobdir import JobDir
 from mmt.core.states import JobState
 from mmt.records import liveness
@@ -30,8 +31,8 @@ def conclude_orphan(record: JobRecord, registry: Registry, reason: str) -> JobRe
     """FAILED, with ``reason``, unless another process got there first (then its record). The job dir says so too
     (``result.json``, when the dir is there and holds no result of this attempt): what reads job dirs (the live
     page, a rerun) must not take the job for running."""
-    ended = time.time()
     started = record.started_at
+    ended = _last_sign_of_life(record, started)
     result = ResultRecord(
         status=JobState.FAILED,
         error=f"{record.name}: {reason}",
@@ -58,6 +59,16 @@ def conclude_orphan(record: JobRecord, registry: Registry, reason: str) -> JobRe
         discard_payload(JobDir(Path(record.job_dir)).attempt(record.attempt))
         return record
     return registry.get(record.name) or record
+
+
+def _last_sign_of_life(record: JobRecord, started: Optional[float]) -> float:
+    """When the job's supervisor was last alive: its beacon's last beat (it beats every few seconds while it watches),
+    not the moment its death was noticed; now where there is no beat to read."""
+    now = time.time()
+    beat = liveness.last_beat(record.job_id, record.attempt)
+    if beat is None or beat > now:
+        return now
+    return max(beat, started) if started is not None else beat
 
 
 def _write_orphan_result(record: JobRecord, result: ResultRecord) -> None:
@@ -94,5 +105,7 @@ def request_stop(record: JobRecord) -> str:
     try:
         liveness.request_stop(record.job_id, record.attempt)
     except OSError as exc:
-        return f"{record.name}: could not ask its supervisor to stop it: {exc.strerror or exc}"
+        raise NotCarriedOut(
+            f"{record.name}: could not ask its supervisor to stop it: {liveness.run_dir().root}: {exc.strerror or exc}"
+        ) from None
     return f"{record.name}: asked its supervisor (pid {record.supervisor_pid}) to stop it"

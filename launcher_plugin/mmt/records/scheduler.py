@@ -56,6 +56,9 @@ class SchedulerRecord(_Record):
     # the launcher cancelled the job, and why ("the launch failed: job 1 was refused ..."): whoever concludes the
     # job later (its own last step, ``mmt list``) says so, not "cancelled outside the launcher"
     stopped_because: Optional[str] = None
+    # when the scheduler took that stop; None while it could not be asked (it did not answer): whoever finds the
+    # job running later (``mmt list``) asks again
+    stop_sent_at: Optional[float] = None
 
     @property
     def reason_code(self) -> Optional[str]:
@@ -70,10 +73,18 @@ class SchedulerRecord(_Record):
         if final:
             return None
         if self.unreachable_since is not None:
-            return f"{self.unreachable or 'the scheduler'} not answering since {clock(self.unreachable_since)}"
+            unconfirmed = "; its stop not confirmed" if self.stop_unconfirmed else ""
+            return f"{self.unreachable or 'the scheduler'} not answering since {clock(self.unreachable_since)}" + (
+                unconfirmed
+            )
         if self.reason:
             return self.reason
         return None
+
+    @property
+    def stop_unconfirmed(self) -> bool:
+        """A stop was asked that the scheduler has not taken yet (it did not answer)."""
+        return self.stopped_because is not None and self.stop_sent_at is None
 
     def describe(self) -> Optional[str]:
         """The whole story, for ``mmt inspect``: the reason with its explanation and since when, or the message."""
@@ -89,6 +100,8 @@ class SchedulerRecord(_Record):
                 f"{self.unreachable or 'the scheduler'} not answering since {clock(self.unreachable_since)}; "
                 "the state shown is the last one seen"
             )
+        if self.stop_unconfirmed:
+            parts.append(f"asked to stop ({self.stopped_because}), not confirmed yet: asked again once it answers")
         return "; ".join(parts) or None
 
     def seen(
@@ -113,6 +126,16 @@ class SchedulerRecord(_Record):
         since = self.unreachable_since if self.unreachable_since is not None and self.unreachable == who else now
         return replace(self, unreachable=who, unreachable_since=since)
 
+    def answered(self) -> "SchedulerRecord":
+        """This record after the scheduler answered again (its state unchanged)."""
+        return replace(self, unreachable=None, unreachable_since=None)
+
+    def stop_sent(self, now: Optional[float] = None) -> "SchedulerRecord":
+        """This record after the scheduler took the stop (the first time kept)."""
+        return (
+            self if self.stop_sent_at is not None else replace(self, stop_sent_at=time.time() if now is None else now)
+        )
+
     def to_dict(self) -> Dict[str, Any]:
         return {
             SCHEMA_KEY: self.schema,
@@ -126,6 +149,7 @@ class SchedulerRecord(_Record):
             "unreachable": self.unreachable,
             "unreachable_since": self.unreachable_since,
             **({"stopped_because": self.stopped_because} if self.stopped_because else {}),
+            **({"stop_sent_at": self.stop_sent_at} if self.stop_sent_at is not None else {}),
         }
 
     @classmethod
@@ -142,6 +166,7 @@ class SchedulerRecord(_Record):
             unreachable=_get(data, "unreachable", (str,)),
             unreachable_since=_get(data, "unreachable_since", _NUMBER),
             stopped_because=_get(data, "stopped_because", (str,)),
+            stop_sent_at=_get(data, "stop_sent_at", _NUMBER),
         )
 
 

@@ -19,7 +19,12 @@ FINAL = ("STOPPED", "SUCCEEDED", "FAILED")
 
 
 class Unanswered(Exception):
-    """The dashboard did not answer (nothing listens there, a timeout): nothing is known about the job."""
+    """The dashboard did not answer (nothing listens there, a timeout): nothing is known about the job.
+    ``reason``: what the question met, in a few words (``[Errno 111] Connection refused``)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        self.reason = reason or message
+        super().__init__(message)
 
 
 class Refused(Exception):
@@ -27,7 +32,8 @@ class Refused(Exception):
 
     def __init__(self, status: int, said: str) -> None:
         self.status, self.said = status, said
-        super().__init__(f"HTTP {status}: {said}")
+        self.reason = f"HTTP {status}: {said}"
+        super().__init__(self.reason)
 
 
 @dataclass(frozen=True)
@@ -91,8 +97,8 @@ class RayApi:
             said = exc.read().decode(errors="replace").strip()
             raise Refused(exc.code, _first_line(said) or exc.reason) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:  # refused, unreachable, timed out, bad URL
-            reason = getattr(exc, "reason", exc)
-            raise Unanswered(f"the Ray dashboard at {self.address} does not answer ({reason})") from None
+            reason = str(getattr(exc, "reason", exc))
+            raise Unanswered(f"the Ray dashboard at {self.address} does not answer ({reason})", reason) from None
         try:
             return json.loads(text) if text else None
         except ValueError:

@@ -21,7 +21,8 @@ from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission, Watch
 from mmt.backends.ray import placement, records
 from mmt.backends.ray.api import ClusterNode, RayApi, RayJob, Refused, Unanswered
 from mmt.backends.ray.settings import ADDRESS_VARS, RaySettings
-from mmt.backends.ray.task import JobRef, RayTask, entrypoint, write_task_file
+from mmt.backends.ray.task import JobRef, RayTask, entrypoint, shown, write_task_file
+from mmt.backends.silence import Silence
 from mmt.core.errors import ConfigError, MMTError
 from mmt.core.jobdir import Attempt, JobDir
 from mmt.core.states import JobState
@@ -31,13 +32,19 @@ from mmt.records.outcome import JobOutcome, all_succeeded, outcome_of_record, re
 from mmt.records.payload import read_plan
 from mmt.records.registry import JobRecord, Registry
 from mmt.records.restarts import recorded
-from mmt.records.scheduler import SchedulerRecord, clock, read_scheduler, write_scheduler
+from mmt.records.scheduler import SchedulerRecord, read_scheduler, write_scheduler
 from mmt.records.schema import OwnerRecord, UnknownSchemaError
 
 # how long the cluster's node list answers every plan of a launch (one query, not one per job)
 NODES_TTL_S = 5.0
 # seconds between two asks to stop a job whose cluster did not answer
 STOP_RETRY_S = 2.0
+# how long a watcher's question (a job's state, a stop) may wait for an answer: a dashboard that takes longer counts
+# as silent for that round, and the launcher stays responsive to Ctrl-C; less for one that did not answer the last
+WATCH_TIMEOUT_S = 3.0
+SILENT_TIMEOUT_S = 1.0
+# what mmt calls a Ray job the cluster does not know (anymore)
+GONE = "GONE"
 HINT_CLUSTER = (
     "start one (ray start --head ...), or the local test cluster: "
     'scripts/ray_cluster.sh start && eval "$(scripts/ray_cluster.sh env)"'
@@ -59,6 +66,10 @@ class RayJobHandle(JobHandle):
     reason: Optional[str] = None
     # a stop the cluster did not take yet (it did not answer): asked again from wait() until it does
     stop_due: Optional[float] = None
+    # when the cluster last answered about the job (monotonic): a job lost with its cluster ended about then
+    answered_at: Optional[float] = None
+    # the cluster's silence the job is in (kept until an answer says what became of the job)
+    silence: Optional[Silence] = None
 
 
 class SubmissionRefused(MMTError):
@@ -83,8 +94,8 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
         self._notices: List[str] = []
         self._next_query = 0.0
         self._nodes: Optional[Tuple[float, List[ClusterNode]]] = None
-        # since when the cluster does not answer (said once, and once when it answers again)
-        self._unanswered_since: Optional[float] = None
+        # the clusters (by address) that do not answer, since when (said once, and once when they answer again)
+        self._silent: Dict[str, Silence] = {}
 
     @classmethod
     def from_config(cls, launcher_cfg: DictConfig) -> "RayBackend":
@@ -183,7 +194,7 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
             f"{placement.describe(bundle)}; one node agent per node, in an actor of its bundle",
             "  rendezvous MASTER_ADDR=<node 0's Ray address>, MMT_NODE_ADDRS=<the bundles' Ray addresses, in node "
             "order>; MASTER_PORT and the framework's ports: free ports held by each node's actor",
-            f"  driver     {entrypoint(task, task.attempt.cluster_task)}",
+            f"  driver     {shown(entrypoint(task, task.attempt.cluster_task))}",
             f"  runtime    {runtime or '{} (the cluster: its Python has mmt and the app installed)'}",
         ]
         return lines + [f"  WARNING    {problem}" for problem in self.problems(plan)]
@@ -218,7 +229,7 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
         plan, attempt = submission.plan, submission.attempt
         assert self.settings.address is not None, "problems() names a missing address before anything is submitted"
         sid = submission_id(plan, attempt.id)
-        ref = JobRef(self.settings.address, sid)
+        ref = JobRef(self.settings.address, sid, self.settings.cluster_grace_s)
         ref.write(attempt)  # first: whoever finds the job later (`mmt list`) knows where to ask
         task = self._task(plan, attempt, sid, dict(submission.copied_env))
         path = write_task_file(task)
@@ -264,7 +275,13 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
     def poll(self, handle: RayJobHandle) -> JobSnapshot:
         if handle.outcome is None:
             self._update(handle)
-        return JobSnapshot(state=handle.state, scheduler_id=handle.ref.submission_id, outcome=handle.outcome)
+        silence = self._silent.get(handle.ref.address) if handle.outcome is None else None
+        return JobSnapshot(
+            state=handle.state,
+            scheduler_id=handle.ref.submission_id,
+            outcome=handle.outcome,
+            silent=None if silence is None else f"{silence.describe()}; check with {records.check(handle.ref)}",
+        )
 
     def cancel(self, handle: RayJobHandle, reason: str) -> None:
         if handle.outcome is None and handle.stopped_because is None:
@@ -282,8 +299,9 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
 
     def _send_stop(self, job: RayJobHandle) -> None:
         try:
-            RayApi(job.ref.address).stop(job.ref.submission_id)
+            self._api(job.ref.address).stop(job.ref.submission_id)
             job.stop_due = None
+            records.mark_stop_sent(job.attempt)
         except (Unanswered, Refused) as exc:
             if job.stop_due is None:
                 self._notices.append(
@@ -307,38 +325,53 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
 
     # ------------------------------------------------------------------------------------------ watching
 
+    def _api(self, address: str) -> RayApi:
+        """The cluster's API; while it is silent, each question waits less: a launcher stays responsive."""
+        return RayApi(address, timeout_s=SILENT_TIMEOUT_S if address in self._silent else WATCH_TIMEOUT_S)
+
     def _query(self) -> None:
         self._next_query = time.monotonic() + self.settings.poll_interval_s
-        unanswered = None
-        for job in [job for job in self._watched if job.outcome is None]:
-            try:
-                seen = RayApi(job.ref.address).job(job.ref.submission_id)
-            except (Unanswered, Refused) as exc:
-                unanswered = str(exc)
-                view = read_scheduler(job.attempt)
-                write_scheduler(
-                    job.attempt,
-                    (view or SchedulerRecord(scheduler_id=job.ref.submission_id)).unanswered(records.DASHBOARD),
-                    view,
-                )
-                continue
-            job.seen = (
-                seen if seen is not None else RayJob(job.ref.submission_id, "GONE", "the cluster does not know it")
-            )
-        self._say_unanswered(unanswered)
+        by_address: Dict[str, List[RayJobHandle]] = {}
+        for job in self._watched:
+            if job.outcome is None:
+                by_address.setdefault(job.ref.address, []).append(job)
+        for address, jobs in by_address.items():
+            self._ask(address, jobs)
 
-    def _say_unanswered(self, unanswered: Optional[str]) -> None:
-        if unanswered is not None and self._unanswered_since is None:
-            self._unanswered_since = time.time()
-            self._notices.append(
-                f"mmt: {unanswered} since {time.strftime('%H:%M:%S')}; the jobs' states are the last ones seen "
-                "until it answers (they run on)"
+    def _ask(self, address: str, jobs: List[RayJobHandle]) -> None:
+        """Every job on one cluster; the first question it does not answer ends the round for that cluster (the
+        others would wait as long, for the same silence)."""
+        api = self._api(address)
+        for job in jobs:
+            try:
+                seen = api.job(job.ref.submission_id)
+            except (Unanswered, Refused) as exc:
+                self._unanswered(address, jobs, exc.reason)
+                return
+            job.seen = seen if seen is not None else RayJob(job.ref.submission_id, GONE, "the cluster does not know it")
+            job.answered_at = time.monotonic()
+        silence = self._silent.pop(address, None)
+        if silence is not None:
+            self._notices.append(silence.answered_again())
+            for job in jobs:
+                view = read_scheduler(job.attempt)
+                if view is not None and view.unreachable_since is not None:
+                    write_scheduler(job.attempt, view.answered(), view)
+
+    def _unanswered(self, address: str, jobs: List[RayJobHandle], reason: str) -> None:
+        silence = self._silent.get(address)
+        if silence is None:
+            silence = Silence(who=f"the Ray dashboard at {address}", since=time.time(), why=reason)
+            self._silent[address] = silence
+            self._notices.append(silence.waiting(min(job.ref.grace_s for job in jobs), len(jobs)))
+        for job in jobs:
+            job.silence = job.silence or silence
+            view = read_scheduler(job.attempt)
+            write_scheduler(
+                job.attempt,
+                (view or SchedulerRecord(scheduler_id=job.ref.submission_id)).unanswered(records.DASHBOARD),
+                view,
             )
-        elif unanswered is None and self._unanswered_since is not None:
-            self._notices.append(
-                f"mmt: the Ray dashboard answers again (it did not since {clock(self._unanswered_since)})"
-            )
-            self._unanswered_since = None
 
     def _update(self, job: RayJobHandle) -> None:
         now = time.monotonic()
@@ -354,6 +387,8 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
         seen = job.seen
         if seen is None:
             return
+        if job.silence is not None and self._lost(job, seen, now):
+            return
         if not seen.final:
             if seen.status == "RUNNING" and job.started is None:
                 job.started = now
@@ -363,7 +398,7 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
         if self._concluded_itself(job, now):  # the driver wrote its result as it ended
             return
         outcome = records.outcome_ended(
-            job.plan, job.attempt, job.ref.submission_id, None if seen.status == "GONE" else seen
+            job.plan, job.attempt, job.ref.submission_id, None if seen.status == GONE else seen
         )
         if job.stopped_because is not None and outcome.status != JobState.COMPLETED:
             outcome = replace(
@@ -371,6 +406,29 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
             )
         outcome.duration_s = now - (job.started or job.submitted)
         self._conclude(job, outcome)
+
+    def _lost(self, job: RayJobHandle, seen: RayJob, now: float) -> bool:
+        """A job whose cluster went silent: lost with it once the grace has run out, or when the cluster answers
+        again without it (its head was restarted); an answer that knows the job ends the silence for it."""
+        assert job.silence is not None
+        if job.ref.address not in self._silent:  # answered again since: about the job, which it knows or not
+            silence, job.silence = job.silence, None
+            if seen.status != GONE:
+                return False
+            detail = silence.came_back_without(records.check(job.ref))
+        elif job.silence.over(job.ref.grace_s):
+            detail = job.silence.lost(job.ref.grace_s, records.LOST_WHILE_SILENT, records.check(job.ref))
+        else:
+            return False
+        ended = job.answered_at or now
+        outcome = JobOutcome(
+            JobState.FAILED,
+            max(0.0, ended - (job.started or job.submitted)),
+            detail=detail,
+            scheduler_id=job.ref.submission_id,
+        )
+        self._conclude(job, outcome)
+        return True
 
     def _concluded_itself(self, job: RayJobHandle, now: float) -> bool:
         """The job's driver concluded it (``finalized``, result.json of this attempt): its result is the job's."""

@@ -14,6 +14,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
+from mmt.backends.silence import DEFAULT_GRACE_S, GRACE_KEY
 from mmt.core.errors import ConfigError
 from mmt.core.states import StartMethod, values
 from mmt.planning import validate as check
@@ -65,6 +66,8 @@ class RaySettings:
     # seconds between SIGTERM and SIGKILL when a node agent stops its ranks
     kill_grace_s: float = 1.0
     start_method: str = StartMethod.fork.value
+    # seconds the cluster may not answer before its jobs are concluded lost with it (mmt.backends.silence)
+    cluster_grace_s: float = DEFAULT_GRACE_S
 
     @classmethod
     def for_watching(cls, poll_interval_s: float = 1.0) -> "RaySettings":
@@ -91,6 +94,7 @@ class RaySettings:
             "start_method",
         )
         raw = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in keys}
+        grace = OmegaConf.select(cfg, "cluster_grace_s", default=DEFAULT_GRACE_S)
         limit = OmegaConf.select(cfg, "max_parallel_jobs", default=None)
         if limit is not None:
             raise ConfigError(
@@ -123,6 +127,9 @@ class RaySettings:
                 maximum=3600,
             ),
             start_method=check.choice("hydra.launcher.start_method", raw["start_method"], values(StartMethod)),
+            cluster_grace_s=check.positive_number(
+                GRACE_KEY, grace, "seconds the cluster may not answer before its jobs are lost, e.g. 300", maximum=86400
+            ),
         )
 
     def bundle(self, plan: JobPlan) -> Dict[str, float]:

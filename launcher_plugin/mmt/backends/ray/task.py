@@ -9,11 +9,14 @@ Also the job's other records in its attempt dir: ``ray.json`` (which cluster and
 import json
 import pickle
 import shlex
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from mmt.backends.silence import DEFAULT_GRACE_S
 from mmt.core.jobdir import Attempt, read_json, write_atomic
+from mmt.core.version import VERSION
 from mmt.planning.plan import JobPlan
 from mmt.records.payload import open_private
 
@@ -61,11 +64,73 @@ def read_task_file(path: str) -> RayTask:
     return task
 
 
+# What the entrypoint's ``python`` runs first: whether it can run mmt's driver at all (mmt importable, of the
+# launcher's version, on the launcher's minor Python: the task travels pickled). When it cannot, one marked line
+# names that interpreter, its host and what it lacks (``cannot_run``), and it exits DRIVER_CANNOT_RUN.
+CANNOT_RUN_MARK = "mmt-driver-cannot-run"
+DRIVER_CANNOT_RUN = 97
+_BOOTSTRAP = f"""import sys, json, socket
+def no(why):
+    facts = dict(python=sys.executable, version="%d.%d.%d" % sys.version_info[:3], host=socket.gethostname(), why=why)
+    print("{CANNOT_RUN_MARK} " + json.dumps(facts), flush=True)
+    sys.exit({DRIVER_CANNOT_RUN})
+own = "%d.%d" % sys.version_info[:2]
+if own != sys.argv[3]:
+    no("it is Python %s, the launcher's is %s" % (own, sys.argv[3]))
+try:
+    import mmt
+except ImportError as exc:
+    no("it has no mmt (%s)" % exc)
+version = getattr(mmt, "__version__", "?")
+if version != sys.argv[2]:
+    no("its mmt is %s, the launcher's is %s" % (version, sys.argv[2]))
+from {DRIVER_MODULE.rsplit(".", 1)[0]} import driver
+sys.exit(driver.main(sys.argv[1:2]))"""
+
+
 def entrypoint(task: RayTask, task_file: Path) -> str:
-    """The Ray job's entrypoint: the cluster's ``python`` (the runtime env's, where it installs one) runs the driver
-    on the task file, from the launcher's working dir unless the runtime env brings one."""
-    command = f"exec python -u -m {DRIVER_MODULE} {shlex.quote(str(task_file))}"
+    """The Ray job's entrypoint: the cluster's ``python`` (the runtime env's, where it installs one) checks it can
+    run the driver, then runs it on the task file, from the launcher's working dir unless the runtime env brings
+    one."""
+    python = "%d.%d" % sys.version_info[:2]
+    command = f"exec python -u -c {shlex.quote(_BOOTSTRAP)} {shlex.quote(str(task_file))} {VERSION} {python}"
     return command if task.project_dir is None else f"cd {shlex.quote(task.project_dir)} && {command}"
+
+
+def shown(command: str) -> str:
+    """The entrypoint as the dry run shows it: the check in a few words instead of its code."""
+    return command.replace(shlex.quote(_BOOTSTRAP), "<mmt's check, then the driver " + DRIVER_MODULE + ">")
+
+
+@dataclass(frozen=True)
+class CannotRun:
+    """The entrypoint's python could not run mmt's driver: which one, where, and why."""
+
+    python: str
+    version: str
+    host: str
+    why: str
+
+    def line(self, address: str) -> str:
+        return (
+            f"the Ray cluster at {address} cannot run mmt's driver: the job's entrypoint found `python` = "
+            f"{self.python} (Python {self.version}) on {self.host}, and {self.why}. HINT: install mmt (and your app) "
+            "in the environment the cluster runs (activate it before `ray start`, or put its bin dir first on the "
+            "PATH), or have Ray install it: hydra.launcher.runtime_env.pip=[...], or start the cluster from an "
+            "image that has it"
+        )
+
+
+def cannot_run(log: str) -> Optional[CannotRun]:
+    """The bootstrap's marked line in the driver's log, if it wrote one."""
+    for line in reversed(log.splitlines()):
+        if line.startswith(CANNOT_RUN_MARK + " "):
+            try:
+                facts = json.loads(line[len(CANNOT_RUN_MARK) + 1 :])
+                return CannotRun(str(facts["python"]), str(facts["version"]), str(facts["host"]), str(facts["why"]))
+            except (ValueError, KeyError, TypeError):
+                return None
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ ray.json
@@ -73,17 +138,21 @@ def entrypoint(task: RayTask, task_file: Path) -> str:
 
 @dataclass(frozen=True)
 class JobRef:
-    """Which Ray job runs an attempt, and on which cluster (``<attempt dir>/ray.json``)."""
+    """Which Ray job runs an attempt, and on which cluster (``<attempt dir>/ray.json``); how long that cluster may
+    not answer before the job is lost with it (whoever watches the job, from any process)."""
 
     address: str
     submission_id: str
+    grace_s: float = DEFAULT_GRACE_S
 
     @classmethod
     def read(cls, attempt: Attempt) -> Optional["JobRef"]:
         data = read_json(ref_file(attempt))
         if not data or not isinstance(data.get("address"), str) or not isinstance(data.get("submission_id"), str):
             return None
-        return cls(address=data["address"], submission_id=data["submission_id"])
+        grace = data.get("grace_s")
+        grace_s = float(grace) if isinstance(grace, (int, float)) and not isinstance(grace, bool) else DEFAULT_GRACE_S
+        return cls(address=data["address"], submission_id=data["submission_id"], grace_s=grace_s)
 
     def write(self, attempt: Attempt) -> None:
         write_atomic(ref_file(attempt), json.dumps(asdict(self)).encode(), private=True)
@@ -94,6 +163,11 @@ def ref_file(attempt: Attempt) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ placement.<run>.json
+
+
+def driver_log(attempt: Attempt) -> Path:
+    """Ray's log of a driver that could not run (kept: Ray's own message is truncated)."""
+    return attempt.dir / "driver.log"
 
 
 def placement_file(attempt: Attempt, run: int) -> Path:

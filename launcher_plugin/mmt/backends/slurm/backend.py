@@ -465,7 +465,13 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
     def poll(self, handle: SlurmJob) -> JobSnapshot:
         if handle.outcome is None:
             self._update(handle)
-        return JobSnapshot(state=handle.state, scheduler_id=handle.job_id, outcome=handle.outcome)
+        # a cancel slurmctld has not taken: the job runs on inside its allocation, and concludes itself there
+        silent = (
+            f"slurmctld did not take the cancel of SLURM job {handle.job_id}; check with `squeue -j {handle.job_id}`"
+            if handle.outcome is None and handle.cancel_due is not None
+            else None
+        )
+        return JobSnapshot(state=handle.state, scheduler_id=handle.job_id, outcome=handle.outcome, silent=silent)
 
     def cancel(self, handle: SlurmJob, reason: str) -> None:
         if handle.outcome is None and handle.stopped_because is None:
@@ -486,6 +492,7 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
             if job.cancel_due is not None:
                 self._notices.append(f"mmt: SLURM job {job.job_id} cancelled (slurmctld answers again)")
             job.cancel_due = None
+            self._write_view(job, self._view(job).stop_sent())
             return
         if job.cancel_due is None:
             self._notices.append(

@@ -13,6 +13,7 @@ from mmt.backends.slurm import pending, queue
 from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm.nodes import node_fail_kwargs
 from mmt.backends.slurm.sbatch import job_name_for
+from mmt.core.errors import NotCarriedOut
 from mmt.core.jobdir import Attempt, JobDir, read_json, write_atomic
 from mmt.core.states import JobState
 from mmt.records.conclusion import conclude_from_outside
@@ -67,6 +68,9 @@ def refresh(record: JobRecord, registry: Registry, asked: Optional[Asked] = None
             if never is not None:
                 queue.cancel([job_id])
                 result = _conclude_ended(record, "CANCELLED", never)
+            elif view is not None and view.stop_unconfirmed and queue.cancel([job_id]):
+                # a stop slurmctld could not take when it was asked (its launcher's Ctrl-C): asked again now
+                mark_stop_sent(attempt)
         elif current is not None:
             # ended in SLURM without its own last step writing the result (cancelled while it waited in the queue,
             # a node lost): concluded here as that step would have, with what SLURM says
@@ -74,6 +78,13 @@ def refresh(record: JobRecord, registry: Registry, asked: Optional[Asked] = None
             result = _conclude_ended(record, current.state, never, view.stopped_because if view else None)
             state = JobState.STOPPING.value if result is None else state
     return save(record, registry, state, result)
+
+
+def mark_stop_sent(attempt: Attempt) -> None:
+    """scheduler.json says slurmctld took the cancel: nobody needs to ask again."""
+    view = read_scheduler(attempt)
+    if view is not None and view.stop_sent_at is None:
+        write_scheduler(attempt, view.stop_sent(), view)
 
 
 def _note_queue(
@@ -188,9 +199,17 @@ def read_array_task(attempt: Attempt) -> Optional[Tuple[str, int]]:
 
 def stop(record: JobRecord) -> str:
     if record.scheduler_id:
-        queue.cancel([record.scheduler_id])
+        if not queue.cancel([record.scheduler_id]):
+            raise NotCarriedOut(_not_cancelled(record.name, [str(record.scheduler_id)]))
         return f"{record.name}: SLURM job {record.scheduler_id} cancelled"
     return request_stop(record)
+
+
+def _not_cancelled(what: str, ids: Sequence[str]) -> str:
+    return (
+        f"{what}: slurmctld did not take the cancel of SLURM job(s) {' '.join(ids)} (scancel failed or timed out). "
+        f"HINT: check `squeue -j {','.join(ids)}`, then `mmt stop` again (or `scancel {' '.join(ids)}`)"
+    )
 
 
 def stop_all(records: Sequence[JobRecord]) -> List[str]:
@@ -199,7 +218,8 @@ def stop_all(records: Sequence[JobRecord]) -> List[str]:
     lines = [request_stop(record) for record in records if not record.scheduler_id]
     if submitted:
         ids = queue.compact_ids([str(record.scheduler_id) for record in submitted])
-        queue.cancel(ids)
         names = submitted[0].name if len(submitted) == 1 else f"{len(submitted)} jobs"
+        if not queue.cancel(ids):
+            raise NotCarriedOut(_not_cancelled(names, ids), tuple(lines))
         lines.insert(0, f"{names}: SLURM job(s) {' '.join(ids)} cancelled")
     return lines
