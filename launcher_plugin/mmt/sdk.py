@@ -13,11 +13,15 @@ conclude themselves. Lightning-only parameters (studio, teamspace, cloud ...) ar
 import enum
 from typing import Any, Dict, List, Optional, Union
 
+from mmt.backends.registry import specs as backend_specs
 from mmt.core.errors import ConfigError
 from mmt.records.registry import Registry
 from mmt.service.handle import RegisteredJob, Status  # noqa: F401  (Status: `from mmt import Status`, Lightning's states)
 from mmt.service.machines import Machine  # noqa: F401  (`from mmt import Machine`: Lightning's machine types)
 from mmt.service.submit import RunSpec, max_runtime_s, run
+
+# the clusters a job may name, as Lightning's hints spell them: every backend the registry knows
+_CLUSTERS = " | ".join(f"'{spec.name}'" for spec in backend_specs())
 
 # Lightning's parameters that have no meaning here, and what to use instead
 LIGHTNING_ONLY = {
@@ -25,8 +29,8 @@ LIGHTNING_ONLY = {
     "teamspace": "there are no teamspaces: jobs are this user's, in the registry ($MMT_HOME)",
     "org": "there are no organisations: jobs are this user's",
     "user": "there are no organisations: jobs are this user's",
-    "cloud": "pick the cluster with cluster='local' | 'slurm' | 'ray' | <your site config>",
-    "cloud_account": "mmt runs on this host or on SLURM: use cluster='local' | 'slurm' | 'ray' | <your site config>",
+    "cloud": f"pick the cluster with cluster={_CLUSTERS} | <your site config>",
+    "cloud_account": f"mmt runs on this host or on SLURM: use cluster={_CLUSTERS} | <your site config>",
     "interruptible": "preemption is SLURM's: mmt requeues on its signal (hydra.launcher.max_requeues)",
     "image_credentials": "the cluster's container runtime pulls images with its own credentials",
     "cloud_account_auth": "the cluster's container runtime pulls images with its own credentials",

@@ -13,7 +13,6 @@
 
 import dataclasses
 import enum
-import importlib
 import re
 import subprocess
 from pathlib import Path
@@ -50,18 +49,13 @@ def prose(text: str) -> str:
 
 
 def launcher_configs() -> Dict[str, Any]:
-    """The launcher config dataclasses Hydra's ConfigStore holds (those with a ``_target_``), by backend name."""
-    config = importlib.import_module("hydra_plugins.mmt_launcher.config")
-    found: Dict[str, Any] = {}
-    for obj in vars(config).values():
-        if not (isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == config.__name__):
-            continue
-        names = {f.name for f in dataclasses.fields(obj)}
-        if "_target_" not in names:
-            continue  # a base (JobConf ...): its fields are in every launcher config built on it
-        backend = _default_of(obj, "backend") if "backend" in names else None
-        found[str(backend or obj.__name__.replace("LauncherConf", "").lower())] = obj
-    assert found, f"no launcher config dataclasses found in {config.__file__}"
+    """The launcher config dataclasses Hydra's ConfigStore holds, by backend name: each backend's own (its spec's
+    ``config``), as the plugin stores them."""
+    from mmt.backends import registry
+    from mmt.backends.launchers import config_class
+
+    found = {spec.name: config_class(spec) for spec in registry.specs() if spec.config is not None}
+    assert found, "no launcher config dataclasses found in the backends' specs"
     return found
 
 

@@ -19,6 +19,7 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from mmt.backends import registry
 from mmt.core.errors import ConfigError, InvalidJobError
 from mmt.core.jobdir import SweepDir, write_atomic
 from mmt.core.states import JobState
@@ -221,7 +222,7 @@ def _detached(
     from mmt.sdk import Job  # the handles returned; the SDK loads only for a detached launch
 
     for item in outcome.submitted:
-        where = f"SLURM job {item.scheduler_id}" if item.scheduler_id else "a local supervisor"
+        where = registry.scheduler_job(item.backend, item.scheduler_id) if item.scheduler_id else "a local supervisor"
         print(f"mmt: detached job {item.plan.num} {item.plan.name} ({where}): {item.plan.job_dir}", flush=True)
     print(
         f"mmt: {len(outcome.submitted)} job(s) run detached; each job's value is a handle (mmt.Job): follow them "

@@ -56,6 +56,10 @@ class MMTLauncher(Launcher):
         return _core.launch(self, job_overrides, initial_job_idx)
 
 
+# mmt's own backends name a class of their own, for Hydra's plugin list (``hydra/launcher`` choices, --info plugins);
+# a backend of another package names MMTLauncher itself (mmt.backends.spec.LAUNCHER_TARGET)
+
+
 class MMTLocalLauncher(MMTLauncher):
     """``hydra/launcher=mmt_local`` (``cluster=local``): N simulated nodes x M processes on this host."""
 

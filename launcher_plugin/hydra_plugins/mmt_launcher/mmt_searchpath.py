@@ -1,5 +1,6 @@
 """mmt's config groups on every Hydra app's search path: ``machine=a100_x_8``, ``cluster=slurm`` work in any app
-once mmt is installed. Imported during Hydra's plugin discovery: standard library and Hydra only.
+once mmt is installed. Imported during Hydra's plugin discovery: standard library and Hydra only (the backends'
+light specs once the search path is made).
 
 The groups live in the package ``mmt.conf``, read through the ``mmt://`` config source: Hydra's ``pkg://`` source,
 except that Lightning's spelling works as it is (``machine=A100_X_8``, ``machine=T4``). Such a name is an alias: a
@@ -20,6 +21,11 @@ CONFIG_PACKAGE = "mmt.conf"
 class MMTSearchPathPlugin(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         search_path.append(provider="mmt", path=f"mmt://{CONFIG_PACKAGE}")
+        # each backend's cluster/<name>.yaml, from its own package (those registered at the plugin scan included)
+        from mmt.backends.launchers import conf_packages
+
+        for package in conf_packages():
+            search_path.append(provider="mmt", path=f"pkg://{package}")
 
 
 def _canonical(config_path: str) -> str:

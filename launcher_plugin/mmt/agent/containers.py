@@ -13,9 +13,9 @@ them by that label (:func:`remove_labelled`), and the attempt dir says which run
 
 import json
 import subprocess
+import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from mmt.core.jobdir import Attempt, read_json, write_atomic
 
@@ -31,6 +31,9 @@ class NodeContainer:
     name: str
     node_rank: int
     run_argv: Tuple[str, ...]
+    # how its runtime removes containers, as the backend that chose the runtime says: the flags with which one
+    # ``rm -f`` removes them all, even when some are gone already; None (not said): each is removed alone
+    remove_flags: Optional[Tuple[str, ...]] = None
 
 
 def start(containers: Sequence[NodeContainer]) -> Optional[str]:
@@ -54,14 +57,14 @@ def start(containers: Sequence[NodeContainer]) -> Optional[str]:
 
 def remove(containers: Sequence[NodeContainer]) -> None:
     """Remove these containers now (killing what runs in them); one that is already gone is no error."""
-    by_runtime: dict = {}
+    by_runtime: Dict[Tuple[str, Optional[Tuple[str, ...]]], List[str]] = {}
     for container in containers:
-        by_runtime.setdefault(container.runtime, []).append(container.name)
-    for runtime, names in by_runtime.items():
-        _remove_names(runtime, names)
+        by_runtime.setdefault((container.runtime, container.remove_flags), []).append(container.name)
+    for (runtime, flags), names in by_runtime.items():
+        _remove_names(runtime, names, flags)
 
 
-def remove_labelled(runtime: str, job_id: str) -> None:
+def remove_labelled(runtime: str, job_id: str, remove_flags: Optional[Sequence[str]] = None) -> None:
     """Remove every container of this job, found by its label (a job whose supervisor is gone)."""
     try:
         listed = subprocess.run(
@@ -74,33 +77,42 @@ def remove_labelled(runtime: str, job_id: str) -> None:
         return
     ids = listed.stdout.split()
     if ids:
-        _remove_names(runtime, ids)
+        _remove_names(runtime, ids, remove_flags)
 
 
-def _remove_names(runtime: str, names: List[str]) -> None:
-    # podman waits 10 s for a container's init to stop by default: the ranks are already stopped, so kill at once;
-    # and podman 4's `rm -f` removes none of the names when one of them is gone already (a node agent's container
-    # that removed itself, --rm): --ignore makes it remove the rest
-    grace = ["-t", "0", "--ignore"] if Path(runtime).name == "podman" else []
-    try:
-        subprocess.run(
-            [runtime, "rm", "-f", *grace, *names],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=_CLI_TIMEOUT_S,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        pass  # a runtime that hangs: the label still finds them at the next mmt list or stop
+def _remove_names(runtime: str, names: List[str], remove_flags: Optional[Sequence[str]]) -> None:
+    # with flags, one rm for all; without, one per name, all at once: a runtime's `rm -f a b` may remove none of
+    # them when a is gone already (a node agent's container that removed itself, --rm)
+    argvs = [[*remove_flags, *names]] if remove_flags is not None else [[name] for name in names]
+    started = []
+    for argv in argvs:
+        try:
+            started.append(
+                subprocess.Popen([runtime, "rm", "-f", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            )
+        except OSError:
+            return  # no such runtime: nothing of it to remove
+    deadline = time.monotonic() + _CLI_TIMEOUT_S
+    for process in started:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()  # a runtime that hangs: the label still finds them at the next mmt list or stop
+            process.wait()
 
 
 def record(attempt: Attempt, containers: Sequence[NodeContainer]) -> None:
-    """Note in the attempt dir which runtime holds the job's containers (read by :func:`remove_recorded`)."""
+    """Note in the attempt dir which runtime holds the job's containers, and how it removes them (read by
+    :func:`remove_recorded`)."""
     if containers:
-        write_atomic(attempt.containers, json.dumps({"runtime": containers[0].runtime}).encode())
+        flags = containers[0].remove_flags
+        noted = {"runtime": containers[0].runtime, "remove_flags": None if flags is None else list(flags)}
+        write_atomic(attempt.containers, json.dumps(noted).encode())
 
 
 def remove_recorded(attempt: Attempt, job_id: str) -> None:
     """Remove what an attempt recorded it ran in (its containers by label): for a job concluded from outside."""
     noted = read_json(attempt.containers)
     if isinstance(noted, dict) and isinstance(noted.get("runtime"), str):
-        remove_labelled(noted["runtime"], job_id)
+        flags = noted.get("remove_flags")  # absent: noted by an older mmt
+        remove_labelled(noted["runtime"], job_id, [str(f) for f in flags] if isinstance(flags, list) else None)

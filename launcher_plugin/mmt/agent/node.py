@@ -14,14 +14,15 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 from mmt.agent.jobs import JobProcesses
 from mmt.agent.metrics import JobMetrics
 from mmt.agent.processes import ProcessSpec, Spawner
 from mmt.core import preemption, proctree, timeline
-from mmt.core.jobdir import Attempt
+from mmt.core.jobdir import Attempt, JobDir
 from mmt.monitor import hangs
+from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.plan import JobPlan
 
 _TICK_S = 0.05
@@ -42,6 +43,56 @@ class NodeRun:
     metrics_interval_s: float = 0.0
     # the job's plan, where it watches for hangs (plan.hang_timeout_s): every node agent watches the whole job
     hang_plan: Optional[JobPlan] = None
+
+
+def node_run(
+    plan: JobPlan,
+    attempt: Attempt,
+    node: int,
+    *,
+    rendezvous: Rendezvous,
+    inherited: Mapping[str, str],
+    copied: Mapping[str, str],
+    cores: int,
+    kill_grace_s: float,
+    start_method: str,
+    cwd: str,
+    restart: int = 0,
+) -> NodeRun:
+    """What node ``node`` of a job runs, for a backend that starts its node agents itself (Ray's actors, a third
+    party's scheduler): each of its processes with the rank contract (this interpreter first on PATH), its log in
+    the job dir, hang detection's variables; records of an earlier run of those processes cleared."""
+    job_dir = JobDir(Path(plan.job_dir))
+    job_dir.logs.mkdir(parents=True, exist_ok=True)
+    specs = []
+    for index in plan.node_indices(node):
+        attempt.clear_process(index)
+        place = plan.place(index)
+        env = process_env(
+            plan,
+            place,
+            rendezvous=rendezvous,
+            inherited=inherited,
+            copied=copied,
+            cores_per_node=cores,
+            python=PythonEnvironment.current(),
+            restart=restart,
+        )
+        env.update(hangs.hang_env(plan, attempt, index))
+        log = str(job_dir.log(place.node_rank, place.rank, plan.per_node))
+        specs.append(ProcessSpec(plan.job_id, index, node, str(attempt.dir), env, cwd, log))
+    return NodeRun(
+        job_id=plan.job_id,
+        node_rank=node,
+        job_dir=plan.job_dir,
+        attempt_dir=str(attempt.dir),
+        kill_grace_s=kill_grace_s,
+        preload=plan.preload,
+        method=start_method,
+        processes=tuple(specs),
+        metrics_interval_s=plan.metrics_interval_s,
+        hang_plan=plan if plan.hang_timeout_s is not None else None,
+    )
 
 
 def run(node: NodeRun) -> int:

@@ -170,7 +170,8 @@ class HostAgent:
         # its job's label (the launcher is gone: nothing waits for this)
         for job_id, job_containers in self.containers.items():
             if job_containers:
-                node_containers.remove_labelled(job_containers[0].runtime, job_id)
+                first = job_containers[0]
+                node_containers.remove_labelled(first.runtime, job_id, first.remove_flags)
         os._exit(0)
 
 

@@ -1,7 +1,7 @@
 """The ``mmt`` command: its verbs and flags mirror ``lightning mmt`` / ``lightning job``.
 
 mmt run --name N --num-machines K --machine T4 --command "python train.py" [--image I] [-e KEY=VALUE ...]
-        [--cluster local|slurm|<site>] [--detach] [--dry-run] [--dashboard]
+        [--cluster local|slurm|ray|<backend>|<site>] [--detach] [--dry-run] [--dashboard]
 mmt list [--all] [--json]          mmt inspect NAME [--json]
 mmt logs NAME [-f] [--rank R] [--tail N]
 mmt stop NAME                      mmt wait NAME [--timeout S]
@@ -13,9 +13,13 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
+from mmt.backends.registry import specs as backend_specs
 from mmt.core.errors import MMTError
+
+# every backend mmt knows (mmt's own first), as the flags' help spells them
+_CLUSTERS = "|".join(spec.name for spec in backend_specs())
 
 # Lightning's flags (`lightning job` / `lightning mmt`) that mean nothing here, per verb, and what to use instead:
 # a Lightning user's flag is answered with mmt's equivalent, never matched to another flag or left unexplained. The
@@ -26,8 +30,8 @@ _LIGHTNING_FLAGS: Dict[str, Dict[str, Optional[str]]] = {
         "teamspace": None,
         "org": None,
         "user": None,
-        "cloud": "pick the cluster with --cluster local|slurm|<site config>",
-        "cloud-account": "mmt runs on this host or on SLURM: use --cluster local|slurm|ray|<site config>",
+        "cloud": f"pick the cluster with --cluster {_CLUSTERS}|<site config>",
+        "cloud-account": f"mmt runs on this host or on SLURM: use --cluster {_CLUSTERS}|<site config>",
         "interruptible": None,
         "image-credentials": None,
         "cloud-account-auth": None,
@@ -85,6 +89,30 @@ def _parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     run = verbs.add_parser("run", help="run a command on N machines (attached unless --detach)", allow_abbrev=False)
+    _job_arguments(run)
+    _run_arguments(run)
+    _view_arguments(
+        verbs.add_parser("list", help="jobs in the registry", allow_abbrev=False),
+        verbs.add_parser("inspect", help="one job in detail", allow_abbrev=False),
+        verbs.add_parser("logs", help="a job's output", allow_abbrev=False),
+    )
+    _control_arguments(
+        verbs.add_parser("stop", help="stop a running job, or every job of a launch", allow_abbrev=False),
+        verbs.add_parser(
+            "wait", help="re-attach: follow a job until it ends; its exit status is the job's", allow_abbrev=False
+        ),
+        verbs.add_parser("delete", help="forget an ended job (its files stay)", allow_abbrev=False),
+    )
+
+    dashboard = verbs.add_parser("dashboard", help="the live page", add_help=False)
+    dashboard.add_argument("rest", nargs=argparse.REMAINDER)
+    parser.set_defaults(verb_parsers=verbs.choices)
+    _lightning_arguments(verbs.choices)
+    return parser
+
+
+def _job_arguments(run: argparse.ArgumentParser) -> None:
+    """``mmt run``'s flags that say what the job is: name, machines, command, image, environment, cluster."""
     run.add_argument("--name", help="the job's name (default: mmt-<Mon-DD-HH_MM>-<random>)")
     run.add_argument("--num-machines", type=int, default=1, help="nodes (Lightning's --num-machines)")
     run.add_argument("--machine", default="cpu", help="a machine type, Lightning's names in any case (T4, A100_X_8)")
@@ -106,7 +134,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="copy this variable from this shell's environment (secrets stay off the command line)",
     )
-    run.add_argument("--cluster", default="local", help="local | slurm | ray | a site config in ./conf/cluster/")
+    run.add_argument(
+        "--cluster", default="local", help=f"{_CLUSTERS.replace('|', ' | ')} | a site config in ./conf/cluster/"
+    )
     run.add_argument("--devices", type=int, help="processes per machine (default: its GPUs, 1 on CPU machines)")
     run.add_argument(
         "--command-mode",
@@ -114,6 +144,10 @@ def _parser() -> argparse.ArgumentParser:
         choices=("per_node", "per_rank"),
         help="the command starts its own ranks (per_node) or runs once per rank",
     )
+
+
+def _run_arguments(run: argparse.ArgumentParser) -> None:
+    """``mmt run``'s flags that say how it runs: time limit, dependencies, restarts, overrides, how it is followed."""
     run.add_argument(
         "--max-runtime", metavar="DURATION", help="stop the job after this long: seconds (3600), or 90m, 1h30m, 2h ..."
     )
@@ -147,16 +181,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--json", action="store_true", help="print the submitted job as JSON (with --detach)")
 
-    listing = verbs.add_parser("list", help="jobs in the registry", allow_abbrev=False)
+
+def _view_arguments(
+    listing: argparse.ArgumentParser, inspect: argparse.ArgumentParser, logs: argparse.ArgumentParser
+) -> None:
+    """The flags of the verbs that show jobs: ``list``, ``inspect``, ``logs``."""
     listing.add_argument("--all", action="store_true", help="every job (default: the last 7 days and running ones)")
     listing.add_argument("--json", action="store_true")
 
-    inspect = verbs.add_parser("inspect", help="one job in detail", allow_abbrev=False)
     inspect.add_argument("name", nargs="?")
     inspect.add_argument("--name", dest="name_flag", metavar="NAME", help="the job (Lightning's spelling)")
     inspect.add_argument("--json", action="store_true")
 
-    logs = verbs.add_parser("logs", help="a job's output", allow_abbrev=False)
     logs.add_argument("name")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     logs.add_argument("--rank", type=int, default=0, help="global rank (per-node command jobs: the machine)")
@@ -167,30 +203,28 @@ def _parser() -> argparse.ArgumentParser:
         help="the log's bytes as written, control sequences included (default: as the console shows them)",
     )
 
-    stop = verbs.add_parser("stop", help="stop a running job, or every job of a launch", allow_abbrev=False)
+
+def _control_arguments(
+    stop: argparse.ArgumentParser, wait: argparse.ArgumentParser, delete: argparse.ArgumentParser
+) -> None:
+    """The flags of the verbs that act on one job: ``stop``, ``wait``, ``delete``."""
     stop.add_argument("name", help="a job's name, or a launch's (hydra.launcher.name): every job of it")
 
-    wait = verbs.add_parser(
-        "wait", help="re-attach: follow a job until it ends; its exit status is the job's", allow_abbrev=False
-    )
     wait.add_argument("name")
     wait.add_argument("--timeout", type=float, help="give up after this many seconds (exit 124)")
 
-    delete = verbs.add_parser("delete", help="forget an ended job (its files stay)", allow_abbrev=False)
     delete.add_argument("name")
     delete.add_argument("-y", "--yes", action="store_true")
 
-    dashboard = verbs.add_parser("dashboard", help="the live page", add_help=False)
-    dashboard.add_argument("rest", nargs=argparse.REMAINDER)
-    parser.set_defaults(verb_parsers=verbs.choices)
 
-    for verb, flags in _LIGHTNING_FLAGS.items():  # Lightning's flags, with or without a value: answered in _refuse
-        sub = verbs.choices[verb]
+def _lightning_arguments(verbs: Mapping[str, argparse.ArgumentParser]) -> None:
+    """Lightning's flags, with or without a value, on each verb: answered in _refuse_lightning_flags."""
+    for verb, flags in _LIGHTNING_FLAGS.items():
+        sub = verbs[verb]
         for flag in flags:
             sub.add_argument(
                 f"--{flag}", dest=f"lightning_{flag.replace('-', '_')}", nargs="?", const=True, help=argparse.SUPPRESS
             )
-    return parser
 
 
 def _refuse_lightning_flags(args: argparse.Namespace) -> None:
@@ -236,6 +270,7 @@ def _in_flag_terms(exc: Any, verb: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from mmt.backends import registry
     from mmt.launching.engine import LaunchReport
     from mmt.service.submit import RunSpec, exit_code, max_runtime_s, run
 
@@ -279,7 +314,8 @@ def _run(args: argparse.Namespace) -> int:
             "scheduler_id": item.scheduler_id,
             "status": "Pending",
         }
-        where = item.backend + (f", SLURM job {item.scheduler_id}" if item.scheduler_id else "")
+        job = registry.scheduler_job(item.backend, item.scheduler_id) if item.scheduler_id else None
+        where = item.backend + (f", {job}" if job else "")
         follow = f"mmt logs {facts['name']} -f | mmt wait {facts['name']}"
         print(
             json.dumps(facts)
@@ -311,7 +347,9 @@ def _list(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     table = Table(box=None, header_style="bold")
-    for column in ("NAME", "STATUS", "CLUSTER", "MACHINE", "NODES x DEV", "RESTARTS", "CREATED", "DURATION", "METRIC"):
+    scheduled = any(row["scheduler_job"] for row in rows)  # the scheduler's job column, where one has one
+    columns = ("NAME", "STATUS", "CLUSTER", *(("SCHEDULER JOB",) if scheduled else ()), "MACHINE", "NODES x DEV")
+    for column in (*columns, "RESTARTS", "CREATED", "DURATION", "METRIC"):
         table.add_column(column)
     colours = {
         "Completed": "green",
@@ -328,6 +366,7 @@ def _list(args: argparse.Namespace) -> int:
             row["name"],
             f"[{colours.get(status, 'white')}]{status}[/]{note}",
             row["cluster"],
+            *((row["scheduler_job"] or "-",) if scheduled else ()),
             row["machine"],
             row["topology"],
             str(row["restarts"]),
@@ -357,6 +396,7 @@ def _inspect(args: argparse.Namespace) -> int:
         "machine",
         "topology",
         "scheduler_id",
+        "scheduler_job",
         "created",
         "duration_s",
         "dir",

@@ -17,17 +17,18 @@ A job dir (Hydra's ``<sweep dir>/<job num>``) holds what users read and what the
       attempts/<attempt id>/     one launch of the job; nothing is read across attempts
         plan.pkl                 the job's plan (plain pickle: mmt's own dataclasses)
         job.json job.pkl         the payload: sys.path, then the pickled Hydra context, task and config (0600)
-        task.pkl                 SLURM: what each task of the allocation runs (its settings, copied secrets: 0600)
+        task.pkl                 a scheduler's job: what its side of the job runs (settings, copied secrets: 0600)
         error.<i>.json           process i raised (worker): exception, traceback, time
         exit.<i>.json            process i exited (agent): code, time, whether the agent stopped it
         done.<i>                 process i finished its task (worker): "0" or "1"; SLURM ends a job once all say 0
         return.pkl               the primary process's JobReturn
         agent.<n>.json           the node agent of node n: host, pid, start and end
-        requeued.<restart>       the job asked SLURM to requeue it during that restart
+        requeued.<restart>       the job asked its scheduler to requeue it during that restart
         restarting.json          a run failed and the next starts after its back-off: which, why, when (local)
-        scheduler.json           what the scheduler last said of the job (SLURM: queue state, why it waits, whether
-                                 it can never start, since when it cannot be asked): mmt.records.scheduler
-        finalized                the job's own last step (SLURM) has concluded it
+        scheduler.json           what the scheduler last said of the job (queue state, why it waits, whether it can
+                                 never start, since when it cannot be asked): mmt.records.scheduler
+        finalized                the job's own last step (on its scheduler) has concluded it
+        <backend's own files>    named by the backend that writes them (mmt.backends.<name>)
         concluded                the launcher has concluded it (the job's own last step need not)
 
 ``i`` is the process index in the plan: the global rank, or the node in per-node command mode. Records are
@@ -339,14 +340,9 @@ class Attempt:
 
     @property
     def cluster_task(self) -> Path:
-        """What each task of a cluster job runs (``mmt.backends.slurm.task``), with the secrets it copies."""
+        """What a scheduler's side of the job runs (``mmt.records.payload.write_task``), with the secrets it copies.
+        A backend's other files in the attempt dir are named by that backend."""
         return self.dir / "task.pkl"
-
-    @property
-    def array_task(self) -> Path:
-        """Which task of a job array runs the job (the array's job name, the task's index), written before sbatch:
-        how a launcher killed before it saved the SLURM id is followed by a job that is found again."""
-        return self.dir / "array_task.json"
 
     # what processes report (error and exit records are typed, read and written by mmt.records.schema) ----------
     def error_file(self, index: int) -> Path:

@@ -48,7 +48,7 @@ def make_backend(launcher_cfg: DictConfig) -> Backend[Any]:
             "hydra.launcher.backend",
             name,
             f"expected one of [{', '.join(backend_names())}]",
-            "select a launcher with cluster=<name> (hydra/launcher=mmt_local|mmt_slurm)",
+            f"select a launcher with cluster=<name> (hydra/launcher={'|'.join(f'mmt_{n}' for n in backend_names())})",
         ) from None
     return cls.from_config(launcher_cfg)
 

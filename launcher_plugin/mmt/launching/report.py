@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Sequence
 from mmt.core.jobdir import SweepDir
 from mmt.core.states import JobState
 from mmt.launching.console import Console, clean
-from mmt.launching.jobs import LaunchReport, NotStarted
+from mmt.launching.jobs import JobReport, LaunchReport, NotStarted
 from mmt.planning.redact import env_names_in, masked_overrides
 from mmt.records.metric import summary_metric, sweep_metric_name
 
@@ -113,79 +113,92 @@ def summarise(
     write_csv: bool = True,
     not_started: Sequence[NotStarted] = (),
 ) -> None:
-    rows = []
+    """The sweep's summary: printed, appended to summary.csv and drawn (summary.png), then what was left running."""
     chosen = [summary_metric(job.record.return_value, job.record.summary_metric) for job in report.jobs]
     metric_name = sweep_metric_name(chosen) or "metric"
-    for job in report.jobs:
-        plan, outcome = job.plan, job.outcome
-        # the key the number is under, as result.json records it (a returned number: the app's optimized_metric)
-        metric = metric_of(job.record.return_value, job.record.summary_metric)
-        note = "" if outcome.status == JobState.COMPLETED else first_line(job.record.error or "")
-        note = note.removeprefix(f"{plan.label}: ")
-        if job.record.restarts and outcome.status == JobState.COMPLETED:
-            note = f"completed after {job.record.restarts} restart(s): " + "; ".join(
-                f"run {run.restart}: {run.error.removeprefix(f'{plan.label}: ')}" for run in job.record.earlier_runs
-            )
-        rows.append(
-            SummaryRow(
-                job=plan.num,
-                name=plan.name,
-                overrides=" ".join(masked_overrides(plan.overrides, plan.secret_names)),
-                status=outcome.status.value,
-                num_nodes=plan.num_nodes,
-                devices=plan.devices,
-                duration_s=outcome.duration_s,
-                metric=metric["value"],
-                note=note,
-            )
-        )
-    for refused in not_started:
-        rows.append(
-            SummaryRow(
-                job=refused.num,
-                name="-",
-                overrides=" ".join(masked_overrides(refused.overrides, env_names_in(refused.overrides))),
-                status="FAILED",
-                num_nodes=0,
-                devices=0,
-                duration_s=None,
-                metric="-",
-                note=f"not started: {first_line(refused.reason)}",
-            )
-        )
-    rows.sort(key=lambda row: row.job)
+    rows = sorted([*map(_job_row, report.jobs), *map(_not_started_row, not_started)], key=lambda row: row.job)
     if rows:
         console.write("\n" + format_summary(f"mmt summary ({sweep_dir})", rows, metric_name) + "\n\n")
     unwritten = [job.write_error for job in report.jobs if job.write_error is not None]
     if rows and write_csv:
-        try:
-            append_summary_csv(SweepDir(sweep_dir).summary_csv, rows, metric_name)
-        except OSError as exc:
-            unwritten.append(f"{SweepDir(sweep_dir).summary_csv}: {exc.strerror or exc}")
-        try:
-            from mmt.monitor.plots import Plotter
-
-            Plotter.draw(sweep_dir)
-        except OSError as exc:
-            unwritten.append(f"{SweepDir(sweep_dir).summary_png}: {exc.strerror or exc}")
+        unwritten += _write_files(sweep_dir, rows, metric_name)
     if unwritten:
         console.write(
             f"mmt: could not write {len(unwritten)} file(s); the summary above is complete: "
             + "; ".join(unwritten)
             + "\n"
         )
+    ending = _ending(report)
+    if ending:
+        console.write(ending + "\n")
+
+
+def _job_row(job: JobReport) -> SummaryRow:
+    plan, outcome = job.plan, job.outcome
+    # the key the number is under, as result.json records it (a returned number: the app's optimized_metric)
+    metric = metric_of(job.record.return_value, job.record.summary_metric)
+    note = "" if outcome.status == JobState.COMPLETED else first_line(job.record.error or "")
+    note = note.removeprefix(f"{plan.label}: ")
+    if job.record.restarts and outcome.status == JobState.COMPLETED:
+        note = f"completed after {job.record.restarts} restart(s): " + "; ".join(
+            f"run {run.restart}: {run.error.removeprefix(f'{plan.label}: ')}" for run in job.record.earlier_runs
+        )
+    return SummaryRow(
+        job=plan.num,
+        name=plan.name,
+        overrides=" ".join(masked_overrides(plan.overrides, plan.secret_names)),
+        status=outcome.status.value,
+        num_nodes=plan.num_nodes,
+        devices=plan.devices,
+        duration_s=outcome.duration_s,
+        metric=metric["value"],
+        note=note,
+    )
+
+
+def _not_started_row(refused: NotStarted) -> SummaryRow:
+    return SummaryRow(
+        job=refused.num,
+        name="-",
+        overrides=" ".join(masked_overrides(refused.overrides, env_names_in(refused.overrides))),
+        status="FAILED",
+        num_nodes=0,
+        devices=0,
+        duration_s=None,
+        metric="-",
+        note=f"not started: {first_line(refused.reason)}",
+    )
+
+
+def _write_files(sweep_dir: Path, rows: List[SummaryRow], metric_name: str) -> List[str]:
+    """summary.csv appended and summary.png drawn; what could not be written, and why."""
+    unwritten = []
+    try:
+        append_summary_csv(SweepDir(sweep_dir).summary_csv, rows, metric_name)
+    except OSError as exc:
+        unwritten.append(f"{SweepDir(sweep_dir).summary_csv}: {exc.strerror or exc}")
+    try:
+        from mmt.monitor.plots import Plotter
+
+        Plotter.draw(sweep_dir)
+    except OSError as exc:
+        unwritten.append(f"{SweepDir(sweep_dir).summary_png}: {exc.strerror or exc}")
+    return unwritten
+
+
+def _ending(report: LaunchReport) -> Optional[str]:
+    """What the launch left running, or what stopped it."""
     if report.detached:
-        console.write(
+        return (
             f"mmt: {len(report.detached)} job(s) run on, detached: {', '.join(report.detached)}. "
-            "Follow them with `mmt wait NAME`, `mmt logs NAME -f` or `mmt list`\n"
+            "Follow them with `mmt wait NAME`, `mmt logs NAME -f` or `mmt list`"
         )
-    elif report.interrupted_by is not None and report.unconfirmed:
-        console.write(
-            f"mmt: {signal.Signals(report.interrupted_by).name} received; the stop of {len(report.unconfirmed)} "
-            f"job(s) could not be confirmed, their cluster does not answer: {', '.join(report.unconfirmed)}. "
-            "`mmt list` asks again once it answers\n"
+    if report.interrupted_by is None:
+        return None
+    name = signal.Signals(report.interrupted_by).name
+    if report.unconfirmed:
+        return (
+            f"mmt: {name} received; the stop of {len(report.unconfirmed)} job(s) could not be confirmed, their "
+            f"cluster does not answer: {', '.join(report.unconfirmed)}. `mmt list` asks again once it answers"
         )
-    elif report.interrupted_by is not None:
-        console.write(
-            f"mmt: {signal.Signals(report.interrupted_by).name} received; every rank of every job was stopped\n"
-        )
+    return f"mmt: {name} received; every rank of every job was stopped"

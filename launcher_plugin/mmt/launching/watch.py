@@ -4,8 +4,9 @@ concluding each job as it ends (or restarting it)."""
 
 import signal
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from mmt.backends.base import JobTracker
 from mmt.core.jobdir import WATCHED_FRESH_S, JobDir
@@ -36,88 +37,120 @@ def watch(
     on_interrupt: str,
     deadline: Optional[float] = None,
 ) -> LaunchReport:
-    report = LaunchReport(jobs=[])
+    loop = _WatchLoop(watched, backend, options, console, trap, on_hangup, on_interrupt)
     _following(watched, True)
-    next_beat = time.monotonic() + WATCHED_FRESH_S / 3
-    interrupted = killed = False
-    interrupted_at = 0.0
-    next_stop_check = 0.0
     progress = ProgressView.for_plans(console, [item.plan for item in watched])
     while any(item.report is None and item.unconfirmed is None for item in watched):
         if deadline is not None and time.monotonic() >= deadline:
-            report.detached = [item.plan.name for item in watched if item.report is None]
+            loop.report.detached = [item.plan.name for item in watched if item.report is None]
             _following([item for item in watched if item.report is None], False)
             break
-        if trap.received is not None and not interrupted:
-            interrupted, interrupted_at = True, time.monotonic()
-            report.interrupted_by = trap.received
-            action = on_hangup if trap.received == signal.SIGHUP else on_interrupt
-            if action == "detach":
-                report.detached = [item.plan.name for item in watched if item.report is None]
-                _following([item for item in watched if item.report is None], False)
-                _mark_detached(options.registry, report.detached)
-                break
-            for item in watched:
-                if item.report is None:
-                    backend.cancel(item.handle, f"the launcher received {trap.name}")
-        if trap.urgent and not killed:
-            killed = True
-            for item in watched:
-                if item.report is None:
-                    backend.kill(item.handle)
-        backend.wait(_TICK_S)
-        for notice in backend.drain_notices():
-            console.write(notice + "\n")
-        if time.monotonic() >= next_beat:
-            next_beat = time.monotonic() + WATCHED_FRESH_S / 3
-            _following([item for item in watched if item.report is None], True)
-            _beat(watched)
-        check_stops = time.monotonic() >= next_stop_check
-        if check_stops:
-            next_stop_check = time.monotonic() + 0.5
-        states: Dict[int, str] = {}
-        for item in watched:
-            if item.report is not None:
-                states[item.plan.num] = item.report.outcome.status.value
-                continue
-            if item.unconfirmed is not None:
-                states[item.plan.num] = JobState.STOPPING.value
-                continue
-            if item.failed_run is not None:  # between a failure and its restart
-                assert item.claim is not None
-                if interrupted or (check_stops and item.claim.stop_requested()):
-                    item.report = conclude(item, cancel_restart(item), console, options.registry)
-                elif item.restart_at is not None and time.monotonic() >= item.restart_at:
-                    restart(item, backend, console, options.registry)
-                states[item.plan.num] = item.report.outcome.status.value if item.report else JobState.RUNNING.value
-                continue
-            status = backend.poll(item.handle)
-            if status.state != JobState.PENDING and not item.running_seen:
-                item.running_seen = True
-                item.started_at = time.time()  # it waited in a queue until now (a throttle, a dependency, SLURM)
-                item.followers = _followers(item.plan, options.console, console)
-                if options.registry is not None:
-                    options.registry.update(item.plan.name, state=JobState.RUNNING.value, started_at=item.started_at)
-            for follower in item.followers:
-                follower.poll()
-            if status.outcome is not None:
-                if not interrupted and may_restart(item, status.outcome):
-                    schedule_restart(item, status.outcome, console, options.registry)
-                else:
-                    item.report = conclude(item, status.outcome, console, options.registry)
-            elif check_stops and item.claim is not None and item.claim.stop_requested():
-                backend.cancel(item.handle, "stopped on request (mmt stop)")
-            elif interrupted and status.silent is not None:
-                if trap.urgent or time.monotonic() - interrupted_at >= STOP_CONFIRM_S:
-                    _give_up(item, status.silent, console, options.registry)
-                    report.unconfirmed.append(item.plan.name)
-            states[item.plan.num] = item.report.outcome.status.value if item.report else status.state.value
-        progress.update(states)
+        if loop.on_signal():
+            break  # detached
+        loop.tick()
+        progress.update({item.plan.num: loop.step(item) for item in watched})
     progress.close()
     for notice in backend.drain_notices():  # what the last poll said (how a job concluded while SLURM was silent)
         console.write(notice + "\n")
-    report.jobs = [item.report for item in watched if item.report is not None]
-    return report
+    loop.report.jobs = [item.report for item in watched if item.report is not None]
+    return loop.report
+
+
+@dataclass
+class _WatchLoop:
+    """One watch's state between its ticks: whether it was interrupted, and when its marks and stop checks are due."""
+
+    watched: List[Watched]
+    backend: JobTracker[Any]
+    options: LaunchOptions
+    console: Console
+    trap: SignalTrap
+    on_hangup: str
+    on_interrupt: str
+    report: LaunchReport = field(default_factory=lambda: LaunchReport(jobs=[]))
+    interrupted: bool = False
+    killed: bool = False
+    check_stops: bool = False
+    interrupted_at: float = 0.0
+    next_stop_check: float = 0.0
+    next_beat: float = field(default_factory=lambda: time.monotonic() + WATCHED_FRESH_S / 3)
+
+    def on_signal(self) -> bool:
+        """Act on a signal once (stop every job, or detach: then True), and on a second one (hurry)."""
+        trap, watched = self.trap, self.watched
+        if trap.received is not None and not self.interrupted:
+            self.interrupted, self.interrupted_at = True, time.monotonic()
+            self.report.interrupted_by = trap.received
+            action = self.on_hangup if trap.received == signal.SIGHUP else self.on_interrupt
+            if action == "detach":
+                self.report.detached = [item.plan.name for item in watched if item.report is None]
+                _following([item for item in watched if item.report is None], False)
+                _mark_detached(self.options.registry, self.report.detached)
+                return True
+            for item in watched:
+                if item.report is None:
+                    self.backend.cancel(item.handle, f"the launcher received {trap.name}")
+        if trap.urgent and not self.killed:
+            self.killed = True
+            for item in watched:
+                if item.report is None:
+                    self.backend.kill(item.handle)
+        return False
+
+    def tick(self) -> None:
+        """Wait for the backend, say what it says, keep the marks of a watched job fresh, see whether stop requests
+        are due to be looked for."""
+        self.backend.wait(_TICK_S)
+        for notice in self.backend.drain_notices():
+            self.console.write(notice + "\n")
+        if time.monotonic() >= self.next_beat:
+            self.next_beat = time.monotonic() + WATCHED_FRESH_S / 3
+            _following([item for item in self.watched if item.report is None], True)
+            _beat(self.watched)
+        self.check_stops = time.monotonic() >= self.next_stop_check
+        if self.check_stops:
+            self.next_stop_check = time.monotonic() + 0.5
+
+    def step(self, item: Watched) -> str:
+        """One job's turn: polled, followed, concluded or restarted as it ends; its state for the progress view."""
+        if item.report is not None:
+            return item.report.outcome.status.value
+        if item.unconfirmed is not None:
+            return JobState.STOPPING.value
+        if item.failed_run is not None:  # between a failure and its restart
+            return self._between_runs(item)
+        status = self.backend.poll(item.handle)
+        if status.state != JobState.PENDING and not item.running_seen:
+            self._running(item)
+        for follower in item.followers:
+            follower.poll()
+        if status.outcome is not None:
+            if not self.interrupted and may_restart(item, status.outcome):
+                schedule_restart(item, status.outcome, self.console, self.options.registry)
+            else:
+                item.report = conclude(item, status.outcome, self.console, self.options.registry)
+        elif self.check_stops and item.claim is not None and item.claim.stop_requested():
+            self.backend.cancel(item.handle, "stopped on request (mmt stop)")
+        elif self.interrupted and status.silent is not None:
+            if self.trap.urgent or time.monotonic() - self.interrupted_at >= STOP_CONFIRM_S:
+                _give_up(item, status.silent, self.console, self.options.registry)
+                self.report.unconfirmed.append(item.plan.name)
+        return item.report.outcome.status.value if item.report else status.state.value
+
+    def _between_runs(self, item: Watched) -> str:
+        assert item.claim is not None
+        if self.interrupted or (self.check_stops and item.claim.stop_requested()):
+            item.report = conclude(item, cancel_restart(item), self.console, self.options.registry)
+        elif item.restart_at is not None and time.monotonic() >= item.restart_at:
+            restart(item, self.backend, self.console, self.options.registry)
+        return item.report.outcome.status.value if item.report else JobState.RUNNING.value
+
+    def _running(self, item: Watched) -> None:
+        item.running_seen = True
+        item.started_at = time.time()  # it waited in a queue until now (a throttle, a dependency, SLURM)
+        item.followers = _followers(item.plan, self.options.console, self.console)
+        if self.options.registry is not None:
+            self.options.registry.update(item.plan.name, state=JobState.RUNNING.value, started_at=item.started_at)
 
 
 def _following(watched: List[Watched], following: bool) -> None:

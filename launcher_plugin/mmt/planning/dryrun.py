@@ -7,7 +7,7 @@ from mmt.planning.environment import Rendezvous, process_env
 from mmt.planning.plan import JobPlan
 from mmt.planning.redact import MASK, masked_overrides
 
-PORT_PLACEHOLDER = "<set at start: a free port here, derived from the job id on SLURM>"
+PORT_PLACEHOLDER = "<set at start: a port held for the job (how: the backend line below)>"
 # a dry run lists every process of a small job; of a large one, the first and the last few
 SHOWN_HEAD, SHOWN_TAIL = 16, 2
 
@@ -93,7 +93,7 @@ def _env_lines(plan: JobPlan) -> List[str]:
         lines.append(
             f"  framework  {plan.framework}: <nodeN> is node N's address, <portI> the port held for "
             f"{'worker I' if plan.framework == 'tensorflow' else 'the coordinator'} "
-            "(set at start: free ports here, derived from the job id on SLURM)"
+            "(set at start: ports held for the job, as its backend holds them)"
         )
     if plan.secret_names:
         lines.append(

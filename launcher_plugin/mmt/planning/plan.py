@@ -24,6 +24,8 @@ class Limits:
     max_devices: int
     max_world: int
     why: str
+    # what to do instead, said when a job is over a limit
+    hint: str = "use fewer nodes or devices"
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,7 @@ def _within(limits: Limits, num_nodes: int, devices: int) -> None:
             num_nodes,
             f"{num_nodes:,} nodes x {devices:,} devices is more than the "
             f"{limits.max_world:,} processes per job this backend runs ({limits.why})",
-            "use fewer nodes or devices, or cluster=slurm",
+            limits.hint,
         )
 
 
@@ -201,46 +203,14 @@ def plan_job(
     """
     job_dir = check.one_line("hydra.sweep.dir", job_dir, "choose a sweep dir without a newline")
     machine = machine_from_config(launcher_cfg.machine)
-    command = launcher_cfg.command
-    if command is not None and (not isinstance(command, str) or not command.strip()):
-        raise ConfigError(
-            "command",
-            command,
-            "expected a non-empty shell command, or null to run the recipe",
-            "e.g. command='python my_script.py --epochs 2'",
-        )
+    command = _command(launcher_cfg.command)
     num_nodes = check.whole_number("num_nodes", launcher_cfg.num_nodes, 1, "nodes per job, e.g. num_nodes=2")
     devices = _devices(launcher_cfg.devices, machine)
     _within(limits, num_nodes, devices)  # before anything is planned per rank
     preload = OmegaConf.select(launcher_cfg, "preload", default=None)
     max_steps = OmegaConf.select(launcher_cfg, "max_steps", default=None)
-    interval = OmegaConf.select(launcher_cfg, "metrics_interval_s", default=0.0) or 0.0
-    if interval:
-        interval = check.positive_number(
-            "hydra.launcher.metrics_interval_s",
-            interval,
-            "seconds between samples, >= 0.1, or 0 for none",
-            maximum=3600,
-        )
-        if interval < 0.1:
-            raise ConfigError(
-                "hydra.launcher.metrics_interval_s",
-                interval,
-                "expected 0 (off) or at least 0.1 s",
-                "e.g. hydra.launcher.metrics_interval_s=1",
-            )
-    framework = check.choice(
-        "hydra.launcher.framework", OmegaConf.select(launcher_cfg, "framework", default=FRAMEWORK_NONE), FRAMEWORKS
-    )
-    command_mode = check.choice("command_mode", launcher_cfg.command_mode, check.COMMAND_MODES)
-    if framework == TENSORFLOW and command is not None and command_mode == "per_node" and devices > 1:
-        raise ConfigError(
-            "hydra.launcher.framework",
-            framework,
-            f"a TensorFlow worker is one process, and "
-            f"command_mode=per_node starts one command per node for {devices} devices",
-            "add command_mode=per_rank (one worker per rank), or use devices=1",
-        )
+    interval = _metrics_interval(launcher_cfg)
+    framework, command_mode = _framework_and_mode(launcher_cfg, command, devices)
     return JobPlan(
         num=num,
         name=name,
@@ -259,39 +229,106 @@ def plan_job(
         env_from=tuple(
             check.env_names("hydra.launcher.env_from", OmegaConf.select(launcher_cfg, "env_from"), launcher_env)
         ),
-        timeout_s=60.0
-        * check.positive_number(
-            "hydra.launcher.timeout_min",
-            launcher_cfg.timeout_min,
-            "minutes per job, e.g. hydra.launcher.timeout_min=30",
-            maximum=check.MAX_TIMEOUT_MIN,
-        ),
+        timeout_s=_timeout_s(launcher_cfg),
         dry_run=bool(launcher_cfg.dry_run),
         summary_metric=launcher_cfg.summary_metric,
-        # a command starts its own interpreters: preloading the recipe's modules would only delay it
-        preload=tuple(map(str, OmegaConf.to_container(preload) or ()))
-        if preload is not None and command is None
-        else (),
+        preload=_preload(preload, command),
         # the batch section belongs to the recipe; a command replaces the recipe
-        batch=None
-        if command is not None
-        else plan_batch(
-            OmegaConf.select(launcher_cfg, "batch", default=None), machine=machine, num_nodes=num_nodes, devices=devices
-        ),
-        max_steps=max_steps
-        if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0
-        else None,
+        batch=None if command is not None else _batch(launcher_cfg, machine, num_nodes, devices),
+        max_steps=_max_steps(max_steps),
         metrics_interval_s=float(interval),
         framework=framework,
         optimized_metric=_optimized_metric(launcher_cfg),
         **_restart_policy(launcher_cfg, recipe_runs=command is None),
-        after=tuple(
-            check.names_list(
-                "hydra.launcher.after",
-                OmegaConf.select(launcher_cfg, "after", default=None),
-                "registered job names or launch names, e.g. hydra.launcher.after=[prep]",
+        after=_after(launcher_cfg),
+    )
+
+
+def _command(command: Any) -> Optional[str]:
+    """The job's shell command, or None to run the recipe."""
+    if command is not None and (not isinstance(command, str) or not command.strip()):
+        raise ConfigError(
+            "command",
+            command,
+            "expected a non-empty shell command, or null to run the recipe",
+            "e.g. command='python my_script.py --epochs 2'",
+        )
+    return command
+
+
+def _metrics_interval(launcher_cfg: DictConfig) -> float:
+    """Seconds between machine-metrics samples: 0 (off), or at least 0.1."""
+    interval = OmegaConf.select(launcher_cfg, "metrics_interval_s", default=0.0) or 0.0
+    if interval:
+        interval = check.positive_number(
+            "hydra.launcher.metrics_interval_s",
+            interval,
+            "seconds between samples, >= 0.1, or 0 for none",
+            maximum=3600,
+        )
+        if interval < 0.1:
+            raise ConfigError(
+                "hydra.launcher.metrics_interval_s",
+                interval,
+                "expected 0 (off) or at least 0.1 s",
+                "e.g. hydra.launcher.metrics_interval_s=1",
             )
-        ),
+    return interval
+
+
+def _framework_and_mode(launcher_cfg: DictConfig, command: Optional[str], devices: int) -> Tuple[str, str]:
+    """The framework whose variables mmt writes, and the command mode, which must agree."""
+    framework = check.choice(
+        "hydra.launcher.framework", OmegaConf.select(launcher_cfg, "framework", default=FRAMEWORK_NONE), FRAMEWORKS
+    )
+    command_mode = check.choice("command_mode", launcher_cfg.command_mode, check.COMMAND_MODES)
+    if framework == TENSORFLOW and command is not None and command_mode == "per_node" and devices > 1:
+        raise ConfigError(
+            "hydra.launcher.framework",
+            framework,
+            f"a TensorFlow worker is one process, and "
+            f"command_mode=per_node starts one command per node for {devices} devices",
+            "add command_mode=per_rank (one worker per rank), or use devices=1",
+        )
+    return framework, command_mode
+
+
+def _timeout_s(launcher_cfg: DictConfig) -> float:
+    return 60.0 * check.positive_number(
+        "hydra.launcher.timeout_min",
+        launcher_cfg.timeout_min,
+        "minutes per job, e.g. hydra.launcher.timeout_min=30",
+        maximum=check.MAX_TIMEOUT_MIN,
+    )
+
+
+def _preload(preload: Any, command: Optional[str]) -> Tuple[str, ...]:
+    # a command starts its own interpreters: preloading the recipe's modules would only delay it
+    if preload is None or command is not None:
+        return ()
+    return tuple(map(str, OmegaConf.to_container(preload) or ()))
+
+
+def _batch(launcher_cfg: DictConfig, machine: Machine, num_nodes: int, devices: int) -> Optional[BatchPlan]:
+    return plan_batch(
+        OmegaConf.select(launcher_cfg, "batch", default=None), machine=machine, num_nodes=num_nodes, devices=devices
+    )
+
+
+def _max_steps(max_steps: Any) -> Optional[int]:
+    """The recipe's optimizer steps, for progress and ETA; None: unknown."""
+    if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0:
+        return max_steps
+    return None
+
+
+def _after(launcher_cfg: DictConfig) -> Tuple[str, ...]:
+    return tuple(
+        check.names_list(
+            "hydra.launcher.after",
+            OmegaConf.select(launcher_cfg, "after", default=None),
+            "registered job names or launch names, e.g. hydra.launcher.after=[prep]",
+        )
     )
 
 

@@ -73,7 +73,7 @@ def _described(owner: Optional[OwnerRecord]) -> str:
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(owner.started or 0))
     text = f"job {owner.name!r} (pid {owner.pid} on {owner.host}, started {started}"
     if owner.scheduler_id:
-        text += f", SLURM job {owner.scheduler_id}"
+        text += f", {owner.scheduler_job or f'its scheduler job {owner.scheduler_id}'}"
     return text + ")"
 
 

@@ -19,12 +19,14 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, List
+from typing import Any, BinaryIO, List, TypeVar
 
 import cloudpickle
 
 from mmt.core.jobdir import Attempt, write_atomic
 from mmt.planning.plan import JobPlan
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -92,6 +94,24 @@ def open_private(path: Path) -> BinaryIO:
         os.close(fd)
         raise
     return os.fdopen(fd, "rb")
+
+
+def write_task(task: Any, attempt: Attempt) -> Path:
+    """A scheduler's task of the job (what its side of the job runs: SLURM's tasks, Ray's driver) in its attempt dir
+    (0600: it holds the secrets the job copies)."""
+    path = attempt.cluster_task
+    write_atomic(path, pickle.dumps(task), private=True)
+    return path
+
+
+def read_task(path: str, kind: "type[T]", what: str) -> T:
+    """The task a launcher wrote to ``path`` (only this user's, private file: ``open_private``); ``what`` names the
+    kind in the error when the file holds something else."""
+    with open_private(Path(path)) as handle:
+        task = pickle.load(handle)
+    if not isinstance(task, kind):
+        raise TypeError(f"{path} holds a {type(task).__name__}, not {what}")
+    return task
 
 
 def import_path(launcher_path: List[str], launcher_prefixes: List[str]) -> List[str]:

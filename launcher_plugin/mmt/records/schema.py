@@ -357,8 +357,10 @@ class OwnerRecord(_Record):
     name: Optional[str] = None
     backend: Optional[str] = None
     job_id: Optional[str] = None
-    # the scheduler's job (SLURM), once submitted (absent from the file until then)
+    # the scheduler's job (SLURM), once submitted (absent from the file until then), and that job as a user knows it
+    # (its backend's noun and id: "SLURM job 123")
     scheduler_id: Optional[str] = None
+    scheduler_job: Optional[str] = None
 
     @classmethod
     def of_this_process(cls, **facts: Any) -> "OwnerRecord":
@@ -381,6 +383,8 @@ class OwnerRecord(_Record):
         }
         if self.scheduler_id is not None:
             data["scheduler_id"] = self.scheduler_id
+        if self.scheduler_job is not None:
+            data["scheduler_job"] = self.scheduler_job
         return data
 
     @classmethod
@@ -395,6 +399,7 @@ class OwnerRecord(_Record):
             backend=_get(data, "backend", (str,)),
             job_id=_get(data, "job_id", (str,)),
             scheduler_id=None if scheduler_id is None or scheduler_id == "" else str(scheduler_id),
+            scheduler_job=_get(data, "scheduler_job", (str,)),
         )
 
 

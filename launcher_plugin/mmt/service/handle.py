@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
+from mmt.backends.registry import scheduler_job
 from mmt.core.errors import ConfigError, UsageError
 from mmt.core.jobdir import JobDir, process_log_name
 from mmt.core.states import JobState, ProcessState
@@ -91,6 +92,8 @@ def job_row(record: JobRecord) -> Dict[str, Any]:
         "machine": record.machine,
         "topology": f"{record.num_nodes} x {record.devices}",
         "scheduler_id": record.scheduler_id,
+        # the scheduler's job as its users know it: "SLURM job 123", "Ray job mmt-..."; None for a local job
+        "scheduler_job": scheduler_job(record.backend, record.scheduler_id) if record.scheduler_id else None,
         "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created_at)),
         "duration_s": round(duration, 1) if duration is not None else None,
         "dir": record.job_dir,

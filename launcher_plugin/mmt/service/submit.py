@@ -1,11 +1,11 @@
 """Running one command job the way Lightning's ``lightning mmt run`` / ``Job.run`` do, for the ``mmt`` CLI and the SDK.
 
 The job's config is composed with Hydra from the config shipped with mmt (``mmt/conf/run.yaml``: the machine
-catalogue, the cluster settings, and the project's own ``conf/`` when there is one, for site clusters), then goes
-through the same planning, validation, dry run, engine and backends as a Hydra app's ``python train.py -m``.
+catalogue, the cluster settings, and the project's own ``conf/`` when there is one, for site clusters), without
+touching the caller's Hydra (``mmt.service.compose``), then goes through the same planning, validation, dry run,
+engine and backends as a Hydra app's ``python train.py -m``.
 """
 
-import difflib
 import math
 import os
 import re
@@ -19,6 +19,7 @@ from mmt.launching import engine, prepare
 from mmt.launching.console import Console
 from mmt.launching.session import Detached, DryRun, LaunchSession, SessionSettings
 from mmt.planning.machine import canonical_name
+from mmt.service import compose
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
@@ -118,52 +119,6 @@ def _overrides(spec: RunSpec, name: str) -> List[str]:
     return overrides + list(spec.overrides)
 
 
-def _missing_config(exc: Any) -> Optional[ConfigError]:
-    """A config group option that does not exist (``--machine A100X8``, ``cluster=mysite``) in one line: what
-    exists, and the closest names; None for what is not that."""
-    group, _, wanted = str(getattr(exc, "missing_cfg_file", None) or "").partition("/")
-    options = list(getattr(exc, "options", None) or [])
-    if not group or not wanted or not options:
-        return None
-    close = difflib.get_close_matches(wanted, options, n=3, cutoff=0.6)
-    hint = f"did you mean {' or '.join(close)}? " if close else ""
-    if group == "machine":
-        hint += "Lightning's names work in any case (A100_X_8, t4); a site's own: conf/machine/<name>.yaml here"
-    elif group == "cluster":
-        hint += "a site's own cluster: conf/cluster/<name>.yaml in this directory"
-    return ConfigError(group, wanted, f"there is no such {group}; there are: {', '.join(options)}", hint or None)
-
-
-def _compose(spec: RunSpec, name: str) -> Tuple[Any, Any]:
-    """(hydra context, master config) for the job, composed like Hydra's multirun does."""
-    from hydra import compose, initialize_config_module
-    from hydra._internal.callbacks import Callbacks
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.errors import MissingConfigException
-    from hydra.types import HydraContext
-    from omegaconf import open_dict
-
-    GlobalHydra.instance().clear()
-    initialize_config_module(config_module="mmt.conf", version_base="1.3", job_name="mmt")
-    overrides = _overrides(spec, name)
-    project = Path.cwd() / "conf"
-    if (project / "cluster").is_dir() or (project / "machine").is_dir():
-        overrides.append(f"hydra.searchpath=[file://{project}]")  # the project's site clusters and machines
-    try:
-        master = compose(config_name="run", overrides=overrides, return_hydra_config=True)
-    except MissingConfigException as exc:
-        missing = _missing_config(exc)
-        if missing is None:
-            raise
-        raise missing from None
-    with open_dict(master):
-        master.hydra.runtime.cwd = os.getcwd()
-    HydraConfig.instance().set_config(master)
-    context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=Callbacks(master))
-    return context, master
-
-
 def _literal_values(spec: RunSpec) -> Any:
     """Set the job's command and env in its composed config as given (any character, no override grammar), kept
     literal: OmegaConf would read ``${...}`` as an interpolation, and the launcher's ``command`` field reads the
@@ -230,40 +185,42 @@ def _in_spec_terms(exc: ConfigError, spec: RunSpec) -> ConfigError:
 
 
 def run(spec: RunSpec, console: Optional[Console] = None) -> Union[engine.LaunchReport, List[engine.Submitted], str]:
-    """Plan and start the job: a dry run's text, the submitted job (detached), or the report of the attached run."""
+    """Plan and start the job: a dry run's text, the submitted job (detached), or the report of the attached run.
+    The job is composed, planned and handed over in Hydra's global state of its own: the caller's (a Hydra app's
+    that calls the SDK) is as it was after it, whether it returned or raised (``mmt.service.compose``)."""
     _check(spec)
     name = spec.name or default_name()
-    context, master = _compose(spec, name)
-    settings = replace(
-        SessionSettings.of(master.hydra.launcher, Path(str(master.hydra.sweep.dir)).absolute()), detach=spec.detach
-    )
-    settings.refuse_what_cannot_be_done("run")  # before anything is planned: the two flags cannot go together
-    backend = prepare.make_backend(master.hydra.launcher)
-    try:
+    with compose.composed(_overrides(spec, name)) as (context, master):
+        settings = replace(
+            SessionSettings.of(master.hydra.launcher, Path(str(master.hydra.sweep.dir)).absolute()), detach=spec.detach
+        )
+        settings.refuse_what_cannot_be_done("run")  # before anything is planned: the two flags cannot go together
+        backend = prepare.make_backend(master.hydra.launcher)
         try:
-            job = prepare.prepare_job(
-                hydra_context=context,
-                master=master,
-                task_function=no_task,
-                backend=backend,
-                overrides=list(master.hydra.overrides.task),
-                num=0,
-                name=name,
-                amend=_literal_values(spec),
-            )
-        except ConfigError as exc:
-            mapped = _in_spec_terms(exc, spec)
-            if mapped is exc:
-                raise
-            raise mapped from None
-        outcome = LaunchSession(backend, settings, what="run").run([job.prepared], console=console)
-        if isinstance(outcome, DryRun):
-            return outcome.renders[0]
-        if isinstance(outcome, Detached):
-            return outcome.submitted
-        return outcome.report
-    finally:
-        backend.close()
+            try:
+                job = prepare.prepare_job(
+                    hydra_context=context,
+                    master=master,
+                    task_function=no_task,
+                    backend=backend,
+                    overrides=list(master.hydra.overrides.task),
+                    num=0,
+                    name=name,
+                    amend=_literal_values(spec),
+                )
+            except ConfigError as exc:
+                mapped = _in_spec_terms(exc, spec)
+                if mapped is exc:
+                    raise
+                raise mapped from None
+            outcome = LaunchSession(backend, settings, what="run").run([job.prepared], console=console)
+            if isinstance(outcome, DryRun):
+                return outcome.renders[0]
+            if isinstance(outcome, Detached):
+                return outcome.submitted
+            return outcome.report
+        finally:
+            backend.close()
 
 
 def exit_code(report: engine.LaunchReport) -> int:

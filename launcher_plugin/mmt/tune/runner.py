@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -232,51 +233,78 @@ def _describe(trial: Trial) -> str:
     return f"micro {trial.micro:>5}: does not fit ({trial.why}) ({trial.seconds:.1f} s)"
 
 
-def run(cfg: Any, workdir: Path, out: Any = sys.stdout) -> Dict[str, Any]:
-    """Tune the recipe of a composed app config (``tune.py``'s); write and return the table entry."""
+# the tune.* options that TuneSettings takes as they are (when set)
+_SEARCH_OPTIONS = (
+    "margin",
+    "start",
+    "max_micro",
+    "max_trials",
+    "resolution",
+    "tie",
+    "trial_timeout_s",
+    "refine_trials",
+    "confirm_trials",
+)
+_MODES = ("search", "sweep")
+
+
+def _section(cfg: Any, key: str) -> Dict[str, Any]:
+    """A section of the composed config as a plain dict (empty when it is missing or not a mapping)."""
     from omegaconf import OmegaConf
 
-    def section(key: str) -> Dict[str, Any]:
-        node = OmegaConf.select(cfg, key, default=None)
-        value = OmegaConf.to_container(node, resolve=True) if node is not None else {}
-        return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
+    node = OmegaConf.select(cfg, key, default=None)
+    value = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
 
-    batch, options, machine = section("batch"), section("tune"), section("machine")
-    if not batch.get("recipe") or not (options.get("table") or batch.get("table")):
-        raise TuneError(
-            "the recipe's config has no batch.recipe / batch.table: there is no table to tune for. "
-            "HINT: add a batch section (see conf/recipe/lm.yaml)"
-        )
-    if not machine.get("name"):
-        raise TuneError("no machine: pick one with machine=<name>")
-    devices = OmegaConf.select(cfg, "devices", default=None) or (machine.get("gpus") or 1)
-    settings = TuneSettings(
-        budget_gb=budget_gb(machine, devices, options.get("budget_gb")),
-        **{
-            k: options[k]
-            for k in (
-                "margin",
-                "start",
-                "max_micro",
-                "max_trials",
-                "resolution",
-                "tie",
-                "trial_timeout_s",
-                "refine_trials",
-                "confirm_trials",
+
+@dataclass(frozen=True)
+class _Target:
+    """What is tuned: the recipe's batch section, the tune options, the machine and its devices."""
+
+    batch: Dict[str, Any]
+    options: Dict[str, Any]
+    machine: Dict[str, Any]
+    devices: int
+
+    @classmethod
+    def of(cls, cfg: Any) -> "_Target":
+        from omegaconf import OmegaConf
+
+        batch, options, machine = _section(cfg, "batch"), _section(cfg, "tune"), _section(cfg, "machine")
+        if not batch.get("recipe") or not (options.get("table") or batch.get("table")):
+            raise TuneError(
+                "the recipe's config has no batch.recipe / batch.table: there is no table to tune for. "
+                "HINT: add a batch section (see conf/recipe/lm.yaml)"
             )
-            if options.get(k) is not None
-        },
-    )
-    recipe = section("recipe")
-    recipe.update(options.get("recipe") or {})
-    path = tuned.table_path(str(options.get("table") or batch["table"]))
-    accelerator = str(machine.get("accelerator", "cpu"))
-    threads = max(1, len(os.sched_getaffinity(0)) // devices)
-    workdir.mkdir(parents=True, exist_ok=True)
+        if not machine.get("name"):
+            raise TuneError("no machine: pick one with machine=<name>")
+        devices = OmegaConf.select(cfg, "devices", default=None) or (machine.get("gpus") or 1)
+        return cls(batch, options, machine, devices)
+
+    @property
+    def accelerator(self) -> str:
+        return str(self.machine.get("accelerator", "cpu"))
+
+    def settings(self) -> TuneSettings:
+        budget = budget_gb(self.machine, self.devices, self.options.get("budget_gb"))
+        given = {k: self.options[k] for k in _SEARCH_OPTIONS if self.options.get(k) is not None}
+        return TuneSettings(budget_gb=budget, **given)
+
+    def recipe(self, cfg: Any) -> Dict[str, Any]:
+        """The recipe a trial runs: the app's, with the tuner's overrides (``tune.recipe``)."""
+        recipe = _section(cfg, "recipe")
+        recipe.update(self.options.get("recipe") or {})
+        return recipe
+
+    def table(self) -> Path:
+        return tuned.table_path(str(self.options.get("table") or self.batch["table"]))
+
+
+def _announce(target: _Target, settings: TuneSettings, threads: int, workdir: Path, out: Any) -> float:
+    """Say what is tuned, and warn of a busy host; returns the load average before the first trial."""
     print(
-        f"tune: recipe {batch['recipe']} on {machine['name']} ({accelerator}), "
-        f"precision {batch.get('precision')}, "
+        f"tune: recipe {target.batch['recipe']} on {target.machine['name']} ({target.accelerator}), "
+        f"precision {target.batch.get('precision')}, "
         f"{settings.budget_gb:g} GiB per device, {threads} threads; candidates {settings.start}.."
         f"{settings.max_micro}, at most {settings.max_trials} trials; logs in {workdir}",
         file=out,
@@ -290,30 +318,32 @@ def run(cfg: Any, workdir: Path, out: Any = sys.stdout) -> Dict[str, Any]:
             file=out,
             flush=True,
         )
-    runner = TrialRunner(
-        recipe,
-        accelerator=accelerator,
-        budget_gb=settings.budget_gb,
-        threads=threads,
-        workdir=workdir,
-        timeout_s=settings.trial_timeout_s,
-    )
+    return load_before
 
-    runs = []
 
-    def logged(micro: int) -> Trial:
-        runs.append(micro)
-        trial = runner(micro)
-        print("tune: " + _describe(trial), file=out, flush=True)
-        if not trial.fits and trial.why.startswith("error") and micro == settings.start:
+class _LoggedRunner:
+    """The trial runner as the search calls it: each trial counted and printed; the first candidate failing for
+    another reason than memory stops the tuner."""
+
+    def __init__(self, runner: TrialRunner, settings: TuneSettings, workdir: Path, out: Any) -> None:
+        self.runner, self.settings, self.workdir, self.out = runner, settings, workdir, out
+        self.runs: List[int] = []
+
+    def __call__(self, micro: int) -> Trial:
+        self.runs.append(micro)
+        trial = self.runner(micro)
+        print("tune: " + _describe(trial), file=self.out, flush=True)
+        if not trial.fits and trial.why.startswith("error") and micro == self.settings.start:
             raise TuneError(
                 f"the first candidate failed for another reason than memory: {trial.why}. "
-                f"Log: {workdir / f'micro{micro}.log'}"
+                f"Log: {self.workdir / f'micro{micro}.log'}"
             )
         return trial
 
-    mode = options.get("mode") or "search"
-    if mode not in ("search", "sweep"):
+
+def _measure(logged: _LoggedRunner, settings: TuneSettings, mode: str) -> List[Trial]:
+    """Every trial of the search (or the sweep), with the margin's cap measured so that it can be chosen."""
+    if mode not in _MODES:
         raise TuneError(f"tune.mode={mode!r}: expected search or sweep")
     trials = search(logged, settings) if mode == "search" else sweep(logged, settings)
     _, _, cap = choose(trials, settings)
@@ -322,24 +352,46 @@ def run(cfg: Any, workdir: Path, out: Any = sys.stdout) -> Dict[str, Any]:
     if mode == "search":
         refine(logged, trials, settings)
         confirm(logged, trials, settings)
+    return trials
+
+
+def run(cfg: Any, workdir: Path, out: Any = sys.stdout) -> Dict[str, Any]:
+    """Tune the recipe of a composed app config (``tune.py``'s); write and return the table entry."""
+    target = _Target.of(cfg)
+    settings = target.settings()
+    recipe = target.recipe(cfg)
+    path = target.table()
+    threads = max(1, len(os.sched_getaffinity(0)) // target.devices)
+    workdir.mkdir(parents=True, exist_ok=True)
+    load_before = _announce(target, settings, threads, workdir, out)
+    runner = TrialRunner(
+        recipe,
+        accelerator=target.accelerator,
+        budget_gb=settings.budget_gb,
+        threads=threads,
+        workdir=workdir,
+        timeout_s=settings.trial_timeout_s,
+    )
+    logged = _LoggedRunner(runner, settings, workdir, out)
+    trials = _measure(logged, settings, target.options.get("mode") or "search")
     chosen, largest, cap = choose(trials, settings)
     if chosen is None:
         raise TuneError(
             f"no candidate fits {settings.budget_gb:g} GiB per device: " + "; ".join(_describe(t) for t in trials)
         )
     result = entry(
-        recipe=str(batch["recipe"]),
-        machine=str(machine["name"]),
-        precision=str(batch.get("precision", "32-true")),
+        recipe=str(target.batch["recipe"]),
+        machine=str(target.machine["name"]),
+        precision=str(target.batch.get("precision", "32-true")),
         settings=settings,
         trials=trials,
         chosen=chosen,
         largest=largest,
         cap=cap,
-        enforced_by="torch.cuda.set_per_process_memory_fraction" if accelerator == "gpu" else "RLIMIT_DATA",
-        recipe_overrides=options.get("recipe") or {},
+        enforced_by="torch.cuda.set_per_process_memory_fraction" if target.accelerator == "gpu" else "RLIMIT_DATA",
+        recipe_overrides=target.options.get("recipe") or {},
         load_before=load_before,
-        runs=len(runs),
+        runs=len(logged.runs),
     )
     tuned.write_entry(path, result)
     print(

@@ -24,6 +24,7 @@ from mmt.agent.client import AgentClient, AgentGone
 from mmt.agent.node import NodeRun
 from mmt.agent.processes import ProcessSpec
 from mmt.agent.server import StartJob
+from mmt.backends import registry
 from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission
 from mmt.backends.dependencies import dependency_state, why_cancelled
 from mmt.backends.local import images, records
@@ -155,6 +156,8 @@ class LocalBackend(Backend[LocalJob]):
             max_devices=MAX_LOCAL_PROCESSES,
             max_world=MAX_LOCAL_PROCESSES,
             why="cluster=local runs every process of a job on this host",
+            hint="use fewer nodes or devices, or a cluster: "
+            + " or ".join(f"cluster={name}" for name in registry.names() if name != self.name),
         )
 
     def problems(self, plan: JobPlan) -> List[ConfigError]:
@@ -307,60 +310,17 @@ class LocalBackend(Backend[LocalJob]):
         plan = job.plan
         if self.agent is None:
             self.agent = AgentClient(self.settings.start_method)
-        job.gpus = [self.free_gpus.pop(0) for _ in range(plan.world_size)] if plan.machine.gpus else []
-        job.port = self.ports.reserve()
-        job.framework_ports = [self.ports.reserve() for _ in range(plan.framework_port_count)]
-        job_dir = JobDir(Path(plan.job_dir))
-        job_dir.logs.mkdir(parents=True, exist_ok=True)
-        # every simulated node is this host: one address for all, a port of its own for every framework worker
-        rendezvous = Rendezvous(
-            self.settings.master_addr,
-            job.port,
-            node_addrs=(self.settings.master_addr,) * plan.num_nodes,
-            framework_ports=tuple(job.framework_ports),
-        )
+        agent = self.agent
+        rendezvous = self._reserve(job)
         cwd = os.getcwd()
         nodes = self._command_containers(job, cwd)
-        specs = []
-        for index, place in enumerate(plan.places()):
-            env = self._process_env(plan, place, rendezvous, job.submission.copied_env, job.submission.restart)
-            env.update(hangs.hang_env(plan, job.attempt, index))  # where progress shows, where a stack goes
-            if job.gpus:  # node n sees its own devices; LOCAL_RANK indexes into them
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus[place.node_rank * plan.devices :][: plan.devices])
-            elif self.host_gpus:
-                env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU job on a GPU host keeps its hands off the GPUs
-            if nodes and plan.command is not None:
-                # mmt's process runs here, the command in the node's container, the contract passed in by name
-                prefix = images.exec_prefix(self.settings.containers, nodes[place.node_rank].name, env, cwd)
-                env = self._host_env(plan, place, rendezvous, job, env)
-                env[MMT_CONTAINER_EXEC] = json.dumps(prefix)
-            specs.append(
-                ProcessSpec(
-                    job_id=plan.job_id,
-                    index=index,
-                    node_rank=place.node_rank,
-                    attempt_dir=str(job.attempt.dir),
-                    env=env,
-                    cwd=cwd,
-                    log=str(job_dir.log(place.node_rank, place.rank, plan.per_node)),
-                )
-            )
+        specs = [
+            self._rank_spec(job, index, place, rendezvous, nodes, cwd) for index, place in enumerate(plan.places())
+        ]
         node_agents = plan.image is not None and plan.command is None
         if node_agents:  # the task function: each node's container runs a node agent, which forks its ranks
             nodes = self._node_agents(job, specs, cwd)
-            specs = [
-                ProcessSpec(
-                    job_id=plan.job_id,
-                    index=node.node_rank,
-                    node_rank=node.node_rank,
-                    attempt_dir=str(job.attempt.dir),
-                    env={},
-                    cwd=cwd,
-                    log=str(job.attempt.agent_log(node.node_rank)),
-                    argv=node.run_argv,
-                )
-                for node in nodes
-            ]
+            specs = self._node_agent_specs(job, nodes, cwd)
         elif plan.hang_timeout_s is not None:
             job.hang = hangs.HangWatch(plan, job.attempt)
         job.started = time.monotonic()
@@ -376,7 +336,7 @@ class LocalBackend(Backend[LocalJob]):
         job.running = set(range(len(specs)))
         job.node_agents = node_agents
         self.jobs[plan.job_id] = job
-        self.agent.start(
+        agent.start(
             StartJob(
                 job_id=plan.job_id,
                 job_dir=plan.job_dir,
@@ -390,6 +350,71 @@ class LocalBackend(Backend[LocalJob]):
                 node_agents=node_agents,
             )
         )
+
+    def _reserve(self, job: LocalJob) -> Rendezvous:
+        """The job's GPUs and ports, taken from the host's free ones; its logs dir; where its ranks meet."""
+        plan = job.plan
+        job.gpus = [self.free_gpus.pop(0) for _ in range(plan.world_size)] if plan.machine.gpus else []
+        job.port = self.ports.reserve()
+        job.framework_ports = [self.ports.reserve() for _ in range(plan.framework_port_count)]
+        JobDir(Path(plan.job_dir)).logs.mkdir(parents=True, exist_ok=True)
+        # every simulated node is this host: one address for all, a port of its own for every framework worker
+        return Rendezvous(
+            self.settings.master_addr,
+            job.port,
+            node_addrs=(self.settings.master_addr,) * plan.num_nodes,
+            framework_ports=tuple(job.framework_ports),
+        )
+
+    def _rank_spec(
+        self,
+        job: LocalJob,
+        index: int,
+        place: RankPlace,
+        rendezvous: Rendezvous,
+        nodes: Sequence[containers.NodeContainer],
+        cwd: str,
+    ) -> ProcessSpec:
+        """Process ``index`` of the job (a rank, or a node's command): its environment, GPUs and log."""
+        plan = job.plan
+        env = self._process_env(plan, place, rendezvous, job.submission.copied_env, job.submission.restart)
+        env.update(hangs.hang_env(plan, job.attempt, index))  # where progress shows, where a stack goes
+        if job.gpus:  # node n sees its own devices; LOCAL_RANK indexes into them
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus[place.node_rank * plan.devices :][: plan.devices])
+        elif self.host_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU job on a GPU host keeps its hands off the GPUs
+        if nodes and plan.command is not None:
+            # mmt's process runs here, the command in the node's container, the contract passed in by name
+            prefix = images.exec_prefix(self.settings.containers, nodes[place.node_rank].name, env, cwd)
+            env = self._host_env(plan, place, rendezvous, job, env)
+            env[MMT_CONTAINER_EXEC] = json.dumps(prefix)
+        return ProcessSpec(
+            job_id=plan.job_id,
+            index=index,
+            node_rank=place.node_rank,
+            attempt_dir=str(job.attempt.dir),
+            env=env,
+            cwd=cwd,
+            log=str(JobDir(Path(plan.job_dir)).log(place.node_rank, place.rank, plan.per_node)),
+        )
+
+    def _node_agent_specs(
+        self, job: LocalJob, nodes: Sequence[containers.NodeContainer], cwd: str
+    ) -> List[ProcessSpec]:
+        """The processes the host agent runs for a task function in an image: each node's container."""
+        return [
+            ProcessSpec(
+                job_id=job.plan.job_id,
+                index=node.node_rank,
+                node_rank=node.node_rank,
+                attempt_dir=str(job.attempt.dir),
+                env={},
+                cwd=cwd,
+                log=str(job.attempt.agent_log(node.node_rank)),
+                argv=node.run_argv,
+            )
+            for node in nodes
+        ]
 
     def _node_agents(self, job: LocalJob, ranks: List[ProcessSpec], cwd: str) -> List[containers.NodeContainer]:
         """One container per node whose process is mmt's node agent in the image's Python: it imports the job's
@@ -538,7 +563,8 @@ class LocalBackend(Backend[LocalJob]):
         for job in list(self.jobs.values()):
             proctree.stop_tagged({MMT_JOB_ID: job.plan.job_id}, self.settings.kill_grace_s)
             if job.plan.image is not None:
-                containers.remove_labelled(self.settings.containers.runtime, job.plan.job_id)
+                held = self.settings.containers  # the runtime the job's containers are in
+                containers.remove_labelled(held.runtime, job.plan.job_id, held.remove_flags)
             del self.jobs[job.plan.job_id]
             ended = time.monotonic()
             status = job.stop_status if job.stop_status is not None else JobState.FAILED

@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 from omegaconf import OmegaConf
 
 from mmt.agent.containers import JOB_LABEL, NodeContainer
+from mmt.backends.mounts import MountSyntax, parse_mount, split_mount
 from mmt.core.errors import ConfigError
 from mmt.core.jobdir import read_json, write_atomic
 from mmt.planning import validate as check
@@ -42,6 +43,12 @@ from mmt.planning.plan import JobPlan
 from mmt.records.registry import home
 
 RUNTIMES = ("podman", "docker")
+# how each runtime removes a set of containers in one `rm -f` (mmt.agent.containers runs it), even when some are gone
+# already: podman waits 10 s for a container's init to stop by default, and the ranks are already stopped, so it
+# kills at once (-t 0); and podman 4's `rm -f a b` removes none of the names when one of them is gone (a node
+# agent's container that removed itself, --rm): --ignore makes it remove the rest. docker's rm -f kills at once and
+# removes every name it finds (it has no --ignore)
+_REMOVE_FLAGS: Dict[str, Tuple[str, ...]] = {"podman": ("-t", "0", "--ignore"), "docker": ()}
 _INSTALL = {
     "podman": "apt-get install podman, or your distribution's package",
     "docker": "https://docs.docker.com/engine/install/",
@@ -49,6 +56,13 @@ _INSTALL = {
 # where the host's mmt is mounted in a task-function container
 MMT_MOUNT = "/opt/mmt"
 _PROBE_TIMEOUT_S = 120.0
+# container_mounts as both runtimes' -v takes them
+_MOUNTS = MountSyntax(
+    expected="a bind mount SRC:DST[:OPTIONS] with DST an absolute path in the container",
+    hint="e.g. hydra.launcher.container_mounts=[/data:/data:ro]",
+    max_parts=3,
+    absolute_target=True,
+)
 # what every rank of the task function imports in the image besides the job's preload: mmt's own runtime (the module,
 # and the distribution that installs it)
 RUNTIME_MODULES = {"hydra": "hydra-core", "omegaconf": "omegaconf", "cloudpickle": "cloudpickle"}
@@ -63,6 +77,11 @@ class ContainerSettings:
     runtime: str = "podman"
     mounts: Tuple[str, ...] = ()
 
+    @property
+    def remove_flags(self) -> Optional[Tuple[str, ...]]:
+        """The flags with which this runtime's ``rm -f`` removes a set of containers, some perhaps gone already."""
+        return _REMOVE_FLAGS.get(Path(self.runtime).name)
+
     @classmethod
     def from_config(cls, cfg: Any) -> "ContainerSettings":
         runtime = OmegaConf.select(cfg, "container_runtime", default="podman")
@@ -75,16 +94,7 @@ class ContainerSettings:
 
 
 def _mount(value: Any) -> str:
-    text = check.one_line("hydra.launcher.container_mounts", str(value))
-    parts = text.split(":")
-    if len(parts) not in (2, 3) or not all(parts[:2]) or not parts[1].startswith("/"):
-        raise ConfigError(
-            "hydra.launcher.container_mounts",
-            text,
-            "a bind mount SRC:DST[:OPTIONS] with DST an absolute path in the container",
-            "e.g. hydra.launcher.container_mounts=[/data:/data:ro]",
-        )
-    return text
+    return parse_mount(value, _MOUNTS)
 
 
 def problems(plan: JobPlan, settings: ContainerSettings) -> List[ConfigError]:
@@ -104,7 +114,7 @@ def problems(plan: JobPlan, settings: ContainerSettings) -> List[ConfigError]:
         ]
     found = []
     for mount in settings.mounts:
-        source = mount.split(":")[0]
+        source = split_mount(mount).source
         if not os.path.exists(source):
             found.append(
                 ConfigError(
@@ -460,7 +470,13 @@ def python_path(cwd: str) -> str:
 def node_container(plan: JobPlan, settings: ContainerSettings, name: str, node_rank: int, cwd: str) -> NodeContainer:
     """A node's container that only waits (``-d``, ``sleep infinity``): each of its processes is an exec into it."""
     argv = [*_run(plan, settings, name, node_rank, cwd, detached=True), "--entrypoint", "sleep", str(plan.image)]
-    return NodeContainer(runtime=settings.runtime, name=name, node_rank=node_rank, run_argv=(*argv, "infinity"))
+    return NodeContainer(
+        runtime=settings.runtime,
+        name=name,
+        node_rank=node_rank,
+        run_argv=(*argv, "infinity"),
+        remove_flags=settings.remove_flags,
+    )
 
 
 def node_agent_container(
@@ -475,7 +491,13 @@ def node_agent_container(
     argv = _run(plan, settings, name, node_rank, cwd, detached=False)
     argv += ["-w", cwd, *[arg for key in sorted(env) for arg in ("-e", f"{key}={env[key]}")]]
     argv += ["--entrypoint", "python3", str(plan.image), "-u", "-m", "mmt.agent.node", node_run]
-    return NodeContainer(runtime=settings.runtime, name=name, node_rank=node_rank, run_argv=tuple(argv))
+    return NodeContainer(
+        runtime=settings.runtime,
+        name=name,
+        node_rank=node_rank,
+        run_argv=tuple(argv),
+        remove_flags=settings.remove_flags,
+    )
 
 
 def _run(plan: JobPlan, settings: ContainerSettings, name: str, node_rank: int, cwd: str, detached: bool) -> List[str]:

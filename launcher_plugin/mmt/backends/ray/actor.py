@@ -25,18 +25,14 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Dict, List, Mapping, Optional
 
-from mmt.agent.node import NodeRun
-from mmt.agent.processes import ProcessSpec
+from mmt.agent.node import NodeRun, node_run
 from mmt.backends.ray.task import RayTask
 from mmt.core import timeline
-from mmt.core.jobdir import JobDir
 from mmt.core.ports import hold_port
 from mmt.core.rank_env import OMP_NUM_THREADS
-from mmt.monitor import hangs
-from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
+from mmt.planning.environment import Rendezvous
 
 NODE_MODULE = "mmt.backends.ray.node"
 # what Ray sets for its own workers only (which raylet, job and node a worker belongs to): a rank is no Ray worker,
@@ -115,7 +111,7 @@ class NodeActor:
     def run(self, rendezvous: Rendezvous, restart: int) -> int:
         """Run the node's agent until it ends; its exit code (0: every rank of the node succeeded)."""
         try:
-            node_run = self._node_run(rendezvous, restart)
+            prepared = self._node_run(rendezvous, restart)
             with self._lock:
                 if self._stopped:  # stopped before its agent started: start none
                     return 1
@@ -127,7 +123,7 @@ class NodeActor:
                 )
             assert self._agent.stdin is not None
             with self._agent.stdin:  # the NodeRun holds the job's copied secrets: a pipe, never a file
-                self._agent.stdin.write(pickle.dumps(node_run))
+                self._agent.stdin.write(pickle.dumps(prepared))
             return self._agent.wait()
         finally:
             for sock in self._held:
@@ -145,47 +141,18 @@ class NodeActor:
         return self.task.project_dir or os.getcwd()  # the runtime env's working_dir: Ray's copy, the actor's own
 
     def _node_run(self, rendezvous: Rendezvous, restart: int) -> NodeRun:
-        task, plan, node = self.task, self.task.plan, self.node
-        attempt = task.attempt
-        job_dir = JobDir(Path(plan.job_dir))
-        job_dir.logs.mkdir(parents=True, exist_ok=True)
+        task = self.task
         own = {name: os.environ.get(name, "") for name in task.own_env}
-        inherited = inherited_env(os.environ, own)
-        specs = []
-        for index in plan.node_indices(node):
-            attempt.clear_process(index)
-            place = plan.place(index)
-            env = process_env(
-                plan,
-                place,
-                rendezvous=rendezvous,
-                inherited=inherited,
-                copied=task.copied_env,
-                cores_per_node=node_cores(task.bundle),
-                python=PythonEnvironment.current(),
-                restart=restart,
-            )
-            env.update(hangs.hang_env(plan, attempt, index))
-            specs.append(
-                ProcessSpec(
-                    job_id=plan.job_id,
-                    index=index,
-                    node_rank=node,
-                    attempt_dir=task.attempt_dir,
-                    env=env,
-                    cwd=self._cwd(),
-                    log=str(job_dir.log(place.node_rank, place.rank, plan.per_node)),
-                )
-            )
-        return NodeRun(
-            job_id=plan.job_id,
-            node_rank=node,
-            job_dir=plan.job_dir,
-            attempt_dir=task.attempt_dir,
+        return node_run(
+            task.plan,
+            task.attempt,
+            self.node,
+            rendezvous=rendezvous,
+            inherited=inherited_env(os.environ, own),
+            copied=task.copied_env,
+            cores=node_cores(task.bundle),
             kill_grace_s=task.kill_grace_s,
-            preload=plan.preload,
-            method=task.start_method,
-            processes=tuple(specs),
-            metrics_interval_s=plan.metrics_interval_s,
-            hang_plan=plan if plan.hang_timeout_s is not None else None,
+            start_method=task.start_method,
+            cwd=self._cwd(),
+            restart=restart,
         )

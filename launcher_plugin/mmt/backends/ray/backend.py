@@ -9,31 +9,29 @@ such, never waited on. A job that can never be placed is refused before anything
 it asks and what the cluster has (``placement``).
 """
 
-import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from omegaconf import DictConfig
-
-from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission, Watcher
+from mmt.backends.base import Submission
 from mmt.backends.ray import placement, records
 from mmt.backends.ray.api import ClusterNode, RayApi, RayJob, Refused, Unanswered
 from mmt.backends.ray.settings import ADDRESS_VARS, RaySettings
 from mmt.backends.ray.task import JobRef, RayTask, entrypoint, shown, write_task_file
+from mmt.backends.scheduled import ScheduledBackend, ScheduledJob
 from mmt.backends.silence import Silence
 from mmt.core.errors import ConfigError, MMTError
 from mmt.core.jobdir import Attempt, JobDir
 from mmt.core.states import JobState
-from mmt.planning.plan import JobPlan, Limits
+from mmt.planning.plan import JobPlan
 from mmt.planning.redact import MASKED
-from mmt.records.outcome import JobOutcome, all_succeeded, outcome_of_record, read_result
+from mmt.records.outcome import JobOutcome
 from mmt.records.payload import read_plan
-from mmt.records.registry import JobRecord, Registry
+from mmt.records.registry import JobRecord
 from mmt.records.restarts import recorded
 from mmt.records.scheduler import SchedulerRecord, read_scheduler, write_scheduler
-from mmt.records.schema import OwnerRecord, UnknownSchemaError
+from mmt.records.schema import OwnerRecord
 
 # how long the cluster's node list answers every plan of a launch (one query, not one per job)
 NODES_TTL_S = 5.0
@@ -51,25 +49,19 @@ HINT_CLUSTER = (
 )
 
 
-@dataclass
-class RayJobHandle(JobHandle):
-    submission: Submission
+@dataclass(kw_only=True)
+class RayJobHandle(ScheduledJob):
     ref: JobRef
-    submitted: float
-    state: JobState = JobState.PENDING
-    started: Optional[float] = None
-    stopped_because: Optional[str] = None
-    outcome: Optional[JobOutcome] = None
-    # what Ray said last, and what was said of it on the console (restarts, why it waits)
+    # what Ray said last
     seen: Optional[RayJob] = None
-    restarts: int = 0
-    reason: Optional[str] = None
-    # a stop the cluster did not take yet (it did not answer): asked again from wait() until it does
-    stop_due: Optional[float] = None
     # when the cluster last answered about the job (monotonic): a job lost with its cluster ended about then
     answered_at: Optional[float] = None
     # the cluster's silence the job is in (kept until an answer says what became of the job)
     silence: Optional[Silence] = None
+
+    @property
+    def scheduler_id(self) -> str:
+        return self.ref.submission_id
 
 
 class SubmissionRefused(MMTError):
@@ -81,48 +73,16 @@ def submission_id(plan: JobPlan, attempt_id: str) -> str:
     return f"mmt-{plan.name}-{attempt_id}"
 
 
-class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
+class RayBackend(ScheduledBackend[RayJobHandle, RaySettings], name="ray", settings=RaySettings, records=records):
     """One Ray job per mmt job; it watches the jobs it registered too."""
 
-    name = "ray"
-    survives_launcher = True
-
     def __init__(self, settings: RaySettings) -> None:
-        self.settings = settings
-        self.project_dir = os.getcwd()
-        self._watched: List[RayJobHandle] = []
-        self._notices: List[str] = []
-        self._next_query = 0.0
+        super().__init__(settings)
         self._nodes: Optional[Tuple[float, List[ClusterNode]]] = None
         # the clusters (by address) that do not answer, since when (said once, and once when they answer again)
-        self._silent: Dict[str, Silence] = {}
-
-    @classmethod
-    def from_config(cls, launcher_cfg: DictConfig) -> "RayBackend":
-        return cls(RaySettings.from_config(launcher_cfg))
-
-    @classmethod
-    def watcher(cls, poll_interval_s: float = 1.0) -> "RayBackend":
-        return cls(RaySettings.for_watching(poll_interval_s))
-
-    @classmethod
-    def refresh(cls, record: JobRecord, registry: Registry) -> JobRecord:
-        return records.refresh(record, registry)
-
-    @classmethod
-    def stop(cls, record: JobRecord) -> str:
-        return records.stop(record)
+        self._silences: Dict[str, Silence] = {}
 
     # ------------------------------------------------------------------------------------------ planning
-
-    @property
-    def limits(self) -> Limits:
-        return Limits(
-            max_nodes=100_000,
-            max_devices=1_024,
-            max_world=10_000_000,
-            why="mmt's bound for one Ray job; the cluster refuses what it cannot place",
-        )
 
     def problems(self, plan: JobPlan) -> List[ConfigError]:
         if plan.after:
@@ -272,62 +232,33 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
         self._next_query = 0.0
         return job
 
-    def poll(self, handle: RayJobHandle) -> JobSnapshot:
-        if handle.outcome is None:
-            self._update(handle)
-        silence = self._silent.get(handle.ref.address) if handle.outcome is None else None
-        return JobSnapshot(
-            state=handle.state,
-            scheduler_id=handle.ref.submission_id,
-            outcome=handle.outcome,
-            silent=None if silence is None else f"{silence.describe()}; check with {records.check(handle.ref)}",
-        )
+    def _silent(self, job: RayJobHandle) -> Optional[str]:
+        silence = self._silences.get(job.ref.address)
+        return None if silence is None else f"{silence.describe()}; check with {records.check(job.ref)}"
 
-    def cancel(self, handle: RayJobHandle, reason: str) -> None:
-        if handle.outcome is None and handle.stopped_because is None:
-            handle.stopped_because = reason
-            handle.state = JobState.STOPPING
-            # first: whoever concludes the job (its driver, `mmt list`) then says why it was stopped
-            records.mark_stopped(handle.attempt, handle.ref.submission_id, reason)
-            self._send_stop(handle)
-            self._next_query = 0.0
+    def _record_stop(self, job: RayJobHandle, reason: str) -> None:
+        records.mark_stopped(job.attempt, job.ref.submission_id, reason)
 
     def kill(self, handle: RayJobHandle) -> None:
         """Ray itself SIGKILLs a stopped job's driver after its grace (3 s), and the actors go with it: asked again."""
         if handle.outcome is None:
-            self._send_stop(handle)
+            self._stop(handle)
 
-    def _send_stop(self, job: RayJobHandle) -> None:
+    def _send_stop(self, job: RayJobHandle) -> Optional[str]:
         try:
             self._api(job.ref.address).stop(job.ref.submission_id)
-            job.stop_due = None
-            records.mark_stop_sent(job.attempt)
         except (Unanswered, Refused) as exc:
-            if job.stop_due is None:
-                self._notices.append(
-                    f"mmt: could not stop Ray job {job.ref.submission_id} ({job.plan.name}): {exc}; asking again "
-                    f"every {STOP_RETRY_S:g} s until the cluster answers (the job runs on meanwhile)"
-                )
-            job.stop_due = time.monotonic() + STOP_RETRY_S
+            return str(exc)
+        return None
 
-    def wait(self, timeout_s: float) -> None:
-        time.sleep(min(timeout_s, 0.1))
-        now = time.monotonic()
-        for job in self._watched:
-            if job.outcome is None and job.stop_due is not None and now >= job.stop_due:
-                self._send_stop(job)
-        if now >= self._next_query:
-            self._query()
-
-    def drain_notices(self) -> List[str]:
-        notices, self._notices = self._notices, []
-        return notices
+    def _stop_taken(self, job: RayJobHandle) -> None:
+        records.mark_stop_sent(job.attempt)
 
     # ------------------------------------------------------------------------------------------ watching
 
     def _api(self, address: str) -> RayApi:
         """The cluster's API; while it is silent, each question waits less: a launcher stays responsive."""
-        return RayApi(address, timeout_s=SILENT_TIMEOUT_S if address in self._silent else WATCH_TIMEOUT_S)
+        return RayApi(address, timeout_s=SILENT_TIMEOUT_S if address in self._silences else WATCH_TIMEOUT_S)
 
     def _query(self) -> None:
         self._next_query = time.monotonic() + self.settings.poll_interval_s
@@ -350,7 +281,7 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
                 return
             job.seen = seen if seen is not None else RayJob(job.ref.submission_id, GONE, "the cluster does not know it")
             job.answered_at = time.monotonic()
-        silence = self._silent.pop(address, None)
+        silence = self._silences.pop(address, None)
         if silence is not None:
             self._notices.append(silence.answered_again())
             for job in jobs:
@@ -359,10 +290,10 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
                     write_scheduler(job.attempt, view.answered(), view)
 
     def _unanswered(self, address: str, jobs: List[RayJobHandle], reason: str) -> None:
-        silence = self._silent.get(address)
+        silence = self._silences.get(address)
         if silence is None:
             silence = Silence(who=f"the Ray dashboard at {address}", since=time.time(), why=reason)
-            self._silent[address] = silence
+            self._silences[address] = silence
             self._notices.append(silence.waiting(min(job.ref.grace_s for job in jobs), len(jobs)))
         for job in jobs:
             job.silence = job.silence or silence
@@ -375,10 +306,7 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
 
     def _update(self, job: RayJobHandle) -> None:
         now = time.monotonic()
-        if all_succeeded(job.plan, job.attempt):
-            # done: the driver still removes the placement group, nothing that changes the result
-            duration = now - (job.started or job.submitted)
-            self._conclude(job, JobOutcome(JobState.COMPLETED, duration, scheduler_id=job.ref.submission_id))
+        if self._completed(job, now):  # the driver still removes the placement group: nothing that changes the result
             return
         if self._concluded_itself(job, now):
             return
@@ -411,7 +339,7 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
         """A job whose cluster went silent: lost with it once the grace has run out, or when the cluster answers
         again without it (its head was restarted); an answer that knows the job ends the silence for it."""
         assert job.silence is not None
-        if job.ref.address not in self._silent:  # answered again since: about the job, which it knows or not
+        if job.ref.address not in self._silences:  # answered again since: about the job, which it knows or not
             silence, job.silence = job.silence, None
             if seen.status != GONE:
                 return False
@@ -427,22 +355,6 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
             detail=detail,
             scheduler_id=job.ref.submission_id,
         )
-        self._conclude(job, outcome)
-        return True
-
-    def _concluded_itself(self, job: RayJobHandle, now: float) -> bool:
-        """The job's driver concluded it (``finalized``, result.json of this attempt): its result is the job's."""
-        if not job.attempt.finalized.exists():
-            return False
-        try:
-            own = read_result(Path(job.plan.job_dir))
-        except UnknownSchemaError:
-            return False
-        if own is None or not own.concludes(job.attempt.id):
-            return False
-        outcome = outcome_of_record(own)
-        if outcome.duration_s is None:
-            outcome.duration_s = now - (job.started or job.submitted)
         self._conclude(job, outcome)
         return True
 
@@ -465,7 +377,3 @@ class RayBackend(Backend[RayJobHandle], Watcher[RayJobHandle]):
             job.reason = reason
             if reason:
                 self._notices.append(f"mmt: job {job.plan.num} ({job.plan.name}) {reason}")
-
-    def _conclude(self, job: RayJobHandle, outcome: JobOutcome) -> None:
-        job.outcome, job.state = outcome, outcome.status
-        self._watched.remove(job)

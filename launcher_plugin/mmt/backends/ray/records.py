@@ -7,11 +7,12 @@ was killed too is concluded here from what its processes left and what Ray says,
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 from mmt.backends.ray.api import RayApi, RayJob, Refused, Unanswered
 from mmt.backends.ray.conclusion import ended_outside
 from mmt.backends.ray.task import DRIVER_CANNOT_RUN, JobRef, cannot_run, driver_log
+from mmt.backends.scheduled import refresh_registered
 from mmt.backends.silence import Silence
 from mmt.core.errors import NotCarriedOut
 from mmt.core.jobdir import Attempt, JobDir, write_atomic
@@ -19,9 +20,8 @@ from mmt.core.states import JobState
 from mmt.planning.plan import JobPlan
 from mmt.records.conclusion import conclude_from_outside
 from mmt.records.outcome import JobOutcome
-from mmt.records.ownership import lock_is_held
 from mmt.records.payload import UnsafePayloadError, read_plan
-from mmt.records.reconcile import conclude_orphan, own_result, request_stop, save
+from mmt.records.reconcile import own_result, request_stop
 from mmt.records.registry import JobRecord, Registry
 from mmt.records.restarts import pending_restart, recorded
 from mmt.records.scheduler import SchedulerRecord, read_scheduler, write_scheduler
@@ -45,46 +45,57 @@ def running_state(attempt: Attempt, job: RayJob) -> str:
 
 
 def refresh(record: JobRecord, registry: Registry) -> JobRecord:
-    result = own_result(record)
-    if result is None and not record.scheduler_id:
-        record = _unsubmitted(record, registry)
-        if JobState(record.state).final or not record.scheduler_id:
-            return record
-    state = record.state
+    return refresh_registered(record, registry, _find_id, _ask)
+
+
+def _ask(record: JobRecord, registry: Registry) -> Tuple[str, Optional[ResultRecord]]:
+    """The cluster's answer about a submitted job: its state, and its result once it has ended (concluded here as
+    its driver would have, when the driver could not)."""
     attempt = attempt_of(record)
     ref = JobRef.read(attempt)
-    if result is None and ref is not None:
-        view = read_scheduler(attempt)
-        try:
-            job = RayApi(ref.address).job(ref.submission_id)
-        except (Unanswered, Refused) as exc:
-            # the cluster cannot be asked: the state stays the last one seen, and scheduler.json says since when;
-            # past the job's grace, it is lost with its cluster
-            unanswered = (view or SchedulerRecord(scheduler_id=ref.submission_id)).unanswered(DASHBOARD)
-            write_scheduler(attempt, unanswered, view)
-            silence = Silence(f"the Ray dashboard at {ref.address}", unanswered.unreachable_since or 0.0, exc.reason)
-            if silence.over(ref.grace_s):
-                result = _conclude_lost(
-                    record, attempt, ref, silence, silence.lost(ref.grace_s, LOST_WHILE_SILENT, check(ref))
-                )
-            return save(record, registry, state, result)
-        if job is not None and not job.final:
-            state = running_state(attempt, job)
-            runs = len(recorded(attempt))  # restarts by its driver so far
-            if runs != record.restarts:
-                record.restarts = runs
-                registry.update(record.name, restarts=runs)
-            if view is not None:
-                _answered(attempt, ref, view)
-        elif job is None and view is not None and view.unreachable_since is not None:
-            # the cluster went silent while the job ran, and answers again without it: lost with it (a restarted head)
-            silence = Silence(f"the Ray dashboard at {ref.address}", view.unreachable_since, "not answering")
-            lost = silence.came_back_without(check(ref))
-            result = own_result(record) or _conclude_lost(record, attempt, ref, silence, lost)
-        else:
-            # its driver writes the result before it exits: read again, then conclude as it would have
-            result = own_result(record) or conclude_ended(record, attempt, job)
-    return save(record, registry, state, result)
+    if ref is None:
+        return record.state, None
+    view = read_scheduler(attempt)
+    try:
+        job = RayApi(ref.address).job(ref.submission_id)
+    except (Unanswered, Refused) as exc:
+        # the cluster cannot be asked: the state stays the last one seen, and scheduler.json says since when; past
+        # the job's grace, it is lost with its cluster
+        unanswered = (view or SchedulerRecord(scheduler_id=ref.submission_id)).unanswered(DASHBOARD)
+        write_scheduler(attempt, unanswered, view)
+        silence = Silence(f"the Ray dashboard at {ref.address}", unanswered.unreachable_since or 0.0, exc.reason)
+        if not silence.over(ref.grace_s):
+            return record.state, None
+        lost = silence.lost(ref.grace_s, LOST_WHILE_SILENT, check(ref))
+        return record.state, _conclude_lost(record, attempt, ref, silence, lost)
+    if job is not None and not job.final:
+        runs = len(recorded(attempt))  # restarts by its driver so far
+        if runs != record.restarts:
+            record.restarts = runs
+            registry.update(record.name, restarts=runs)
+        if view is not None:
+            _answered(attempt, ref, view)
+        return running_state(attempt, job), None
+    if job is None and view is not None and view.unreachable_since is not None:
+        # the cluster went silent while the job ran, and answers again without it: lost with it (a restarted head)
+        silence = Silence(f"the Ray dashboard at {ref.address}", view.unreachable_since, "not answering")
+        lost = silence.came_back_without(check(ref))
+        return record.state, own_result(record) or _conclude_lost(record, attempt, ref, silence, lost)
+    # its driver writes the result before it exits: read again, then conclude as it would have
+    return record.state, own_result(record) or conclude_ended(record, attempt, job)
+
+
+def _find_id(record: JobRecord) -> Optional[str]:
+    """The Ray job of a record whose launcher died before it saved the id: ray.json names it, and the cluster
+    knows it ("" when it does not, None when it cannot be asked)."""
+    ref = JobRef.read(attempt_of(record))
+    if ref is None:
+        return ""
+    try:
+        job = RayApi(ref.address).job(ref.submission_id)
+    except (Unanswered, Refused):
+        return None
+    return ref.submission_id if job is not None else ""
 
 
 # what may still run of a job lost with its cluster, by how it was found lost
@@ -198,32 +209,6 @@ def _driver_cannot_run(attempt: Attempt, job: RayJob) -> Optional[str]:
             "(activated, or its bin dir first on the PATH), or start it from an image that has them" + where
         )
     return None
-
-
-def _unsubmitted(record: JobRecord, registry: Registry) -> JobRecord:
-    """A record without a Ray job id: its launcher is submitting it (it holds the job dir's lock), or died before it
-    saved the id: after submitting (the cluster knows the job's id, from ray.json) or before (FAILED)."""
-    if lock_is_held(Path(record.job_dir)):
-        return record
-    current = registry.get(record.name)  # read again: the launcher may have saved the id and ended since
-    if current is None or current.attempt != record.attempt or current.scheduler_id or JobState(current.state).final:
-        return current or record
-    ref = JobRef.read(attempt_of(current))
-    if ref is not None:
-        try:
-            job = RayApi(ref.address).job(ref.submission_id)
-        except (Unanswered, Refused):
-            return current  # the cluster cannot be asked now: nothing can be concluded
-        if job is not None:
-            registry.update(current.name, scheduler_id=ref.submission_id)
-            current.scheduler_id = ref.submission_id
-            return current
-    return conclude_orphan(
-        current,
-        registry,
-        f"its launcher (pid {current.supervisor_pid} on "
-        f"{current.supervisor_host}) ended before the job was submitted (killed?)",
-    )
 
 
 def mark_stopped(attempt: Attempt, scheduler_id: str, why: str) -> None:

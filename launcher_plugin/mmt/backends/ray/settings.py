@@ -12,11 +12,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from mmt.backends import settings as common
 from mmt.backends.silence import DEFAULT_GRACE_S, GRACE_KEY
 from mmt.core.errors import ConfigError
-from mmt.core.states import StartMethod, values
+from mmt.core.states import StartMethod
 from mmt.planning import validate as check
 from mmt.planning.plan import JobPlan
 
@@ -83,19 +84,8 @@ class RaySettings:
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "RaySettings":
-        keys = (
-            "address",
-            "cpus_per_node",
-            "gpus_per_node",
-            "resources_per_node",
-            "runtime_env",
-            "poll_interval_s",
-            "kill_grace_s",
-            "start_method",
-        )
-        raw = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in keys}
-        grace = OmegaConf.select(cfg, "cluster_grace_s", default=DEFAULT_GRACE_S)
-        limit = OmegaConf.select(cfg, "max_parallel_jobs", default=None)
+        raw = common.plain_values(cfg, (k for k in _SETTINGS if k not in _OPTIONAL), _OPTIONAL)
+        limit = raw.pop("max_parallel_jobs")
         if limit is not None:
             raise ConfigError(
                 "hydra.launcher.max_parallel_jobs",
@@ -104,33 +94,7 @@ class RaySettings:
                 "its nodes are free",
                 "drop it; a launch takes the cluster's free nodes and its other jobs wait for them",
             )
-        cpus = raw["cpus_per_node"]
-        return cls(
-            address=cluster_address(raw["address"], os.environ),
-            cpus_per_node=None
-            if cpus is None
-            else check.positive_number("hydra.launcher.cpus_per_node", cpus, "e.g. hydra.launcher.cpus_per_node=4"),
-            gpus_per_node=None
-            if raw["gpus_per_node"] is None
-            else check.whole_number(
-                "hydra.launcher.gpus_per_node", raw["gpus_per_node"], 0, "e.g. hydra.launcher.gpus_per_node=8"
-            ),
-            resources_per_node=_resources(raw["resources_per_node"]),
-            runtime_env=_runtime_env(raw["runtime_env"]),
-            poll_interval_s=check.positive_number(
-                "hydra.launcher.poll_interval_s", raw["poll_interval_s"], "seconds, e.g. 1", maximum=3600
-            ),
-            kill_grace_s=check.positive_number(
-                "hydra.launcher.kill_grace_s",
-                raw["kill_grace_s"],
-                "seconds between SIGTERM and SIGKILL, e.g. 1",
-                maximum=3600,
-            ),
-            start_method=check.choice("hydra.launcher.start_method", raw["start_method"], values(StartMethod)),
-            cluster_grace_s=check.positive_number(
-                GRACE_KEY, grace, "seconds the cluster may not answer before its jobs are lost, e.g. 300", maximum=86400
-            ),
-        )
+        return cls(**common.validated(raw, _SETTINGS))
 
     def bundle(self, plan: JobPlan) -> Dict[str, float]:
         """What one mmt node asks of its Ray node: one placement-group bundle (CPUs, GPUs, custom resources).
@@ -227,3 +191,25 @@ def _runtime_env(value: Any) -> RuntimeEnv:
         pip=tuple(check.one_line(f"{key}.pip", p) for p in pip),
         env_vars=tuple(sorted(env_vars.items())),
     )
+
+
+# hydra.launcher.* of cluster=ray -> its check, in the order they are checked (the fields of RaySettings)
+_SETTINGS: Dict[str, common.Check] = {
+    "address": lambda value: cluster_address(value, os.environ),
+    "cpus_per_node": common.unless_none(
+        lambda value: check.positive_number(common.key("cpus_per_node"), value, "e.g. hydra.launcher.cpus_per_node=4")
+    ),
+    "gpus_per_node": common.unless_none(
+        lambda value: check.whole_number(common.key("gpus_per_node"), value, 0, "e.g. hydra.launcher.gpus_per_node=8")
+    ),
+    "resources_per_node": _resources,
+    "runtime_env": _runtime_env,
+    "poll_interval_s": common.poll_interval_s,
+    "kill_grace_s": common.kill_grace_s,
+    "start_method": common.start_method,
+    "cluster_grace_s": lambda value: check.positive_number(
+        GRACE_KEY, value, "seconds the cluster may not answer before its jobs are lost, e.g. 300", maximum=86400
+    ),
+}
+# what an older config may lack, and its value then; max_parallel_jobs is refused (Ray queues the jobs itself)
+_OPTIONAL = {"cluster_grace_s": DEFAULT_GRACE_S, "max_parallel_jobs": None}

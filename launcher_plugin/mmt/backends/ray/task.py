@@ -7,7 +7,6 @@ Also the job's other records in its attempt dir: ``ray.json`` (which cluster and
 """
 
 import json
-import pickle
 import shlex
 import sys
 from dataclasses import asdict, dataclass, field
@@ -18,7 +17,7 @@ from mmt.backends.silence import DEFAULT_GRACE_S
 from mmt.core.jobdir import Attempt, read_json, write_atomic
 from mmt.core.version import VERSION
 from mmt.planning.plan import JobPlan
-from mmt.records.payload import open_private
+from mmt.records.payload import read_task, write_task
 
 DRIVER_MODULE = "mmt.backends.ray.driver"
 
@@ -50,18 +49,12 @@ class RayTask:
 
 def write_task_file(task: RayTask) -> Path:
     """The task's file in its attempt dir (0600), which the job's driver reads."""
-    path = task.attempt.cluster_task
-    write_atomic(path, pickle.dumps(task), private=True)
-    return path
+    return write_task(task, task.attempt)
 
 
 def read_task_file(path: str) -> RayTask:
-    """The task a launcher wrote to ``path`` (only this user's, private file: ``open_private``)."""
-    with open_private(Path(path)) as handle:
-        task = pickle.load(handle)
-    if not isinstance(task, RayTask):
-        raise TypeError(f"{path} holds a {type(task).__name__}, not an mmt Ray task")
-    return task
+    """The task a launcher wrote to ``path``."""
+    return read_task(path, RayTask, "an mmt Ray task")
 
 
 # What the entrypoint's ``python`` runs first: whether it can run mmt's driver at all (mmt importable, of the

@@ -15,13 +15,12 @@ import shlex
 import shutil
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from omegaconf import DictConfig
-
-from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission, Watcher
+from mmt.backends.base import Submission
+from mmt.backends.scheduled import STOP_RETRY_S, ScheduledBackend, ScheduledJob
 from mmt.backends.slurm import oci, pending, queue, records
 from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm.nodes import lost_by_run, lost_in_run, lost_node_detail, node_fail_kwargs
@@ -51,38 +50,42 @@ from mmt.backends.slurm.task import (
 from mmt.core.errors import ConfigError, MMTError
 from mmt.core.jobdir import JobDir, make_private_dir, write_atomic
 from mmt.core.states import JobState
-from mmt.planning.plan import JobPlan, Limits
-from mmt.records.outcome import JobOutcome, all_succeeded, outcome_of_record, read_result
+from mmt.planning.plan import JobPlan
+from mmt.records.outcome import JobOutcome
 from mmt.records.payload import read_plan
-from mmt.records.registry import JobRecord, Registry
+from mmt.records.registry import JobRecord
 from mmt.records.scheduler import SchedulerRecord, clock, read_scheduler, write_scheduler
-from mmt.records.schema import OwnerRecord, UnknownSchemaError
+from mmt.records.schema import OwnerRecord
 
 _TOOLS = ("sbatch", "squeue", "scancel", "scontrol")
 
 
-@dataclass
-class SlurmJob(JobHandle):
-    submission: Submission
+@dataclass(kw_only=True)
+class SlurmJob(ScheduledJob):
     job_id: str
     stderr: Path
-    submitted: float
-    state: JobState = JobState.PENDING
-    started: Optional[float] = None
-    restarts: int = 0
-    stopped_because: Optional[str] = None
     final_state: Optional[str] = None
-    outcome: Optional[JobOutcome] = None
     # the scheduler's view of the job as last written to its attempt dir (scheduler.json)
     view: Optional[SchedulerRecord] = None
-    # the pending reason last shown (and checked for one that never resolves)
-    reason: Optional[str] = None
-    # a stop that slurmctld has not taken yet (it did not answer): asked again from wait() until it does
-    cancel_due: Optional[float] = None
+
+    @property
+    def scheduler_id(self) -> str:
+        return self.job_id
+
+
+@dataclass
+class _Asked:
+    """What SLURM's queries told so far: each job's last state, whether accounting answers, and the daemon that did
+    not answer the last query (and since when), as said in a notice."""
+
+    states: Dict[str, queue.SlurmState] = field(default_factory=dict)
+    accounting: Optional[bool] = None
+    unanswered: Optional[str] = None
+    since: Optional[float] = None
 
 
 # seconds between two asks to cancel a job that slurmctld did not take
-CANCEL_RETRY_S = 2.0
+CANCEL_RETRY_S = STOP_RETRY_S
 
 
 class SubmissionRefused(MMTError):
@@ -145,58 +148,14 @@ def _executor_class() -> Any:
     return _EXECUTOR
 
 
-class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
+class SlurmBackend(ScheduledBackend[SlurmJob, SlurmSettings], name="slurm", settings=SlurmSettings, records=records):
     """One SLURM job of N nodes per mmt job, through submitit; it watches the jobs it registered too."""
 
-    name = "slurm"
-    survives_launcher = True
-
     def __init__(self, settings: SlurmSettings) -> None:
-        self.settings = settings
-        self.project_dir = os.getcwd()
-        self._states: Dict[str, queue.SlurmState] = {}
-        self._next_query = 0.0
-        self._accounting: Optional[bool] = None
-        self._notices: List[str] = []
-        self._watched: List[SlurmJob] = []
-        # the daemon that did not answer the last query (and since when), as said in a notice
-        self._unanswered: Optional[str] = None
-        self._unanswered_since: Optional[float] = None
-
-    @classmethod
-    def from_config(cls, launcher_cfg: DictConfig) -> "SlurmBackend":
-        return cls(SlurmSettings.from_config(launcher_cfg))
-
-    @classmethod
-    def watcher(cls, poll_interval_s: float = 1.0) -> "SlurmBackend":
-        return cls(SlurmSettings.for_watching(poll_interval_s))
-
-    @classmethod
-    def refresh(cls, record: JobRecord, registry: Registry) -> JobRecord:
-        return records.refresh(record, registry)
-
-    @classmethod
-    def refresh_all(cls, records_: Sequence[JobRecord], registry: Registry) -> List[JobRecord]:
-        return records.refresh_all(records_, registry)
-
-    @classmethod
-    def stop(cls, record: JobRecord) -> str:
-        return records.stop(record)
-
-    @classmethod
-    def stop_all(cls, records_: Sequence[JobRecord]) -> List[str]:
-        return records.stop_all(records_)
+        super().__init__(settings)
+        self._asked = _Asked()
 
     # ------------------------------------------------------------------------------------------ planning
-
-    @property
-    def limits(self) -> Limits:
-        return Limits(
-            max_nodes=100_000,
-            max_devices=1_024,
-            max_world=10_000_000,
-            why="mmt's bound for one SLURM job; sbatch refuses what the cluster cannot run",
-        )
 
     def problems(self, plan: JobPlan) -> List[ConfigError]:
         found = []
@@ -462,66 +421,41 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         self._next_query = 0.0
         return job
 
-    def poll(self, handle: SlurmJob) -> JobSnapshot:
-        if handle.outcome is None:
-            self._update(handle)
+    def _silent(self, job: SlurmJob) -> Optional[str]:
         # a cancel slurmctld has not taken: the job runs on inside its allocation, and concludes itself there
-        silent = (
-            f"slurmctld did not take the cancel of SLURM job {handle.job_id}; check with `squeue -j {handle.job_id}`"
-            if handle.outcome is None and handle.cancel_due is not None
-            else None
-        )
-        return JobSnapshot(state=handle.state, scheduler_id=handle.job_id, outcome=handle.outcome, silent=silent)
+        if job.stop_due is None:
+            return None
+        return f"slurmctld did not take the cancel of SLURM job {job.job_id}; check with `squeue -j {job.job_id}`"
 
-    def cancel(self, handle: SlurmJob, reason: str) -> None:
-        if handle.outcome is None and handle.stopped_because is None:
-            handle.stopped_because = reason
-            handle.state = JobState.STOPPING
-            # first: whoever concludes the job (its own last step, `mmt list`) then says why it was cancelled
-            self._write_view(handle, replace(self._view(handle), stopped_because=reason))
-            self._send_cancel(handle)
-            self._next_query = 0.0
+    def _record_stop(self, job: SlurmJob, reason: str) -> None:
+        self._write_view(job, replace(self._view(job), stopped_because=reason))
 
     def kill(self, handle: SlurmJob) -> None:
         if handle.outcome is None and not queue.cancel([handle.job_id], signal_name="KILL"):
-            handle.cancel_due = handle.cancel_due or time.monotonic()  # the plain cancel is asked again
+            handle.stop_due = handle.stop_due or time.monotonic()  # the plain cancel is asked again
 
-    def _send_cancel(self, job: SlurmJob) -> None:
-        """scancel, once; when slurmctld does not take it, say so once and ask again every CANCEL_RETRY_S."""
-        if queue.cancel([job.job_id]):
-            if job.cancel_due is not None:
-                self._notices.append(f"mmt: SLURM job {job.job_id} cancelled (slurmctld answers again)")
-            job.cancel_due = None
-            self._write_view(job, self._view(job).stop_sent())
-            return
-        if job.cancel_due is None:
-            self._notices.append(
-                f"mmt: slurmctld did not take the cancel of SLURM job {job.job_id} ({job.plan.name}); asking again "
-                f"every {CANCEL_RETRY_S:g} s until it does (the job runs on meanwhile)"
-            )
-        job.cancel_due = time.monotonic() + CANCEL_RETRY_S
+    def _send_stop(self, job: SlurmJob) -> Optional[str]:
+        return None if queue.cancel([job.job_id]) else "scancel failed"
 
-    def wait(self, timeout_s: float) -> None:
-        time.sleep(min(timeout_s, 0.1))
-        now = time.monotonic()
-        for job in self._watched:
-            if job.outcome is None and job.cancel_due is not None and now >= job.cancel_due:
-                self._send_cancel(job)
-        if time.monotonic() >= self._next_query:
-            self._query()
+    def _stop_taken(self, job: SlurmJob) -> None:
+        if job.stop_due is not None:
+            self._notices.append(f"mmt: SLURM job {job.job_id} cancelled (slurmctld answers again)")
+        self._write_view(job, self._view(job).stop_sent())
 
-    def drain_notices(self) -> List[str]:
-        notices, self._notices = self._notices, []
-        return notices
+    def _stop_not_taken(self, job: SlurmJob, why: str) -> str:
+        return (
+            f"mmt: slurmctld did not take the cancel of SLURM job {job.job_id} ({job.plan.name}); asking again "
+            f"every {CANCEL_RETRY_S:g} s until it does (the job runs on meanwhile)"
+        )
 
     # ------------------------------------------------------------------------------------------ watching
 
     def _query(self) -> None:
-        if self._accounting is None:
-            self._accounting = queue.accounting_available()
+        if self._asked.accounting is None:
+            self._asked.accounting = queue.accounting_available()
         jobs = [job for job in self._watched if job.outcome is None]
-        answer = queue.query([job.job_id for job in jobs], accounting=self._accounting)
-        self._states.update(answer.states)
+        answer = queue.query([job.job_id for job in jobs], accounting=self._asked.accounting)
+        self._asked.states.update(answer.states)
         self._next_query = time.monotonic() + self.settings.poll_interval_s
         if jobs:
             self._answered(jobs, answer)
@@ -530,27 +464,27 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         """Say once that a daemon stopped answering (and once that it answers again), and keep each job's
         scheduler.json saying so: a state that does not change is then one the scheduler cannot tell, not a hang."""
         who = answer.unanswered
-        if who != self._unanswered:
+        if who != self._asked.unanswered:
             if who is not None:
-                self._unanswered_since = time.time()
+                self._asked.since = time.time()
                 self._notices.append(
                     f"mmt: {who} is not answering ({_ASKED_WITH[who]} failed) since "
                     f"{time.strftime('%H:%M:%S')}; the jobs' states are the last ones seen until it "
                     "answers"
                 )
-            elif self._unanswered is not None:
+            elif self._asked.unanswered is not None:
                 self._notices.append(
-                    f"mmt: {self._unanswered} answers again (it did not since "
-                    f"{clock(self._unanswered_since or time.time())})"
+                    f"mmt: {self._asked.unanswered} answers again (it did not since "
+                    f"{clock(self._asked.since or time.time())})"
                 )
-            self._unanswered = who
+            self._asked.unanswered = who
         for job in jobs:
             if who is not None and job.job_id not in answer.states:
-                self._write_view(job, self._view(job).unanswered(who, now=self._unanswered_since))
+                self._write_view(job, self._view(job).unanswered(who, now=self._asked.since))
 
     def _update(self, job: SlurmJob) -> None:
         now = time.monotonic()
-        state = self._states.get(job.job_id)
+        state = self._asked.states.get(job.job_id)
         if state is not None:
             self._note_queue(job, state)
             if job.outcome is not None:  # it can never start: cancelled and concluded
@@ -572,13 +506,13 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
                     f"mmt: job {job.plan.num} (SLURM {job.job_id}){what} (restart {state.restarts}); it resumes in "
                     f"{job.plan.job_dir}"
                 )
-        if all_succeeded(job.plan, job.attempt):
-            # done: SLURM still runs the job's epilog for a second or more, nothing that changes the result
-            self._conclude(
-                job, JobOutcome(JobState.COMPLETED, now - (job.started or job.submitted), scheduler_id=job.job_id)
-            )
+        if self._completed(job, now):  # SLURM still runs the job's epilog for a second or more: nothing it changes
             return
-        if (state is None or not state.final) and self._unanswered is not None and self._concluded_itself(job, now):
+        if (
+            (state is None or not state.final)
+            and self._asked.unanswered is not None
+            and self._concluded_itself(job, now)
+        ):
             return
         if state is None or not state.final:
             return
@@ -643,29 +577,17 @@ class SlurmBackend(Backend[SlurmJob], Watcher[SlurmJob]):
         write_scheduler(job.attempt, view, job.view)
         job.view = view
 
-    def _concluded_itself(self, job: SlurmJob, now: float) -> bool:
+    def _concluded_itself(self, job: SlurmJob, now: float, fallback_duration: Optional[float] = None) -> bool:
         """While SLURM does not answer: the job's own last step may have concluded it already, inside its allocation
         (``finalized``, result.json of this attempt): conclude it from that instead of waiting in silence."""
-        if not job.attempt.finalized.exists():
+        own = self._own_conclusion(job)
+        if own is None:
             return False
-        try:
-            own = read_result(Path(job.plan.job_dir))
-        except UnknownSchemaError:
-            return False
-        if own is None or not own.concludes(job.attempt.id):
-            return False
-        outcome = outcome_of_record(own)
-        outcome.duration_s = outcome.duration_s if outcome.duration_s is not None else now - job.submitted
         self._notices.append(
-            f"mmt: job {job.plan.num} ({job.plan.name}): {self._unanswered} is not answering; the job concluded "
+            f"mmt: job {job.plan.num} ({job.plan.name}): {self._asked.unanswered} is not answering; the job concluded "
             f"itself inside its allocation: {own.status.value}"
         )
-        self._conclude(job, outcome)
-        return True
-
-    def _conclude(self, job: SlurmJob, outcome: JobOutcome) -> None:
-        job.outcome, job.state = outcome, outcome.status
-        self._watched.remove(job)
+        return super()._concluded_itself(job, now, now - job.submitted)
 
 
 _ASKED_WITH = {"slurmctld": "squeue", "slurmdbd": "sacct"}

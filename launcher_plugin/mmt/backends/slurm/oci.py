@@ -25,6 +25,7 @@ import socket
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from mmt.backends.mounts import split_mount
 from mmt.core.errors import ConfigError
 from mmt.core.jobdir import write_atomic
 from mmt.planning.plan import JobPlan
@@ -37,11 +38,6 @@ PYTHONS = ("usr/local/bin/python3", "usr/bin/python3", "bin/python3")
 _OWN = {"proc", "dev", "sys", "tmp"}
 _KEY = "image"
 _MOUNTS = "hydra.launcher.container_mounts"
-
-
-def mount_parts(mount: str) -> List[str]:
-    """``SOURCE:TARGET[:FLAGS]`` (validated by SlurmSettings) as its parts."""
-    return mount.split(":")
 
 
 def image_problems(plan: JobPlan, mounts: Sequence[str], slurm_conf: Optional[str]) -> List[ConfigError]:
@@ -76,7 +72,7 @@ def image_problems(plan: JobPlan, mounts: Sequence[str], slurm_conf: Optional[st
                 )
             )
     for mount in mounts:
-        source = mount_parts(mount)[0]
+        source = split_mount(mount).source
         if not os.path.exists(source):
             found.append(
                 ConfigError(_MOUNTS, mount, f"its source {source} does not exist", "bind a path every node has")
@@ -136,8 +132,8 @@ def derive(plan: JobPlan, mounts: Sequence[str], project_dir: str, attempt_dir: 
         image_binds.append(_bind(str(path), target))
     job = [_bind(project_dir, project_dir), _bind(plan.job_dir, plan.job_dir)]
     for mount in mounts:
-        source, target, *flags = mount_parts(mount)
-        job.append(_bind(source, target, readonly="ro" in flags))
+        bind = split_mount(mount)  # validated by SlurmSettings
+        job.append(_bind(bind.source, bind.target, readonly=bind.readonly))
     if "/tmp" not in taken:
         spec.append(
             {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]}

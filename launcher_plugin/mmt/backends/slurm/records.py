@@ -4,11 +4,13 @@ A refresh also keeps the attempt's ``scheduler.json`` (mmt.records.scheduler) sa
 SLURM does not answer, for ``mmt list`` and the live page; and a job that can never start (``pending``) is cancelled
 and concluded FAILED, saying what it asks and what its partition offers, as the launcher would have."""
 
+import functools
 import json
 from dataclasses import replace
 from pathlib import Path
 from typing import FrozenSet, List, Optional, Sequence, Tuple
 
+from mmt.backends.scheduled import refresh_registered
 from mmt.backends.slurm import pending, queue
 from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm.nodes import node_fail_kwargs
@@ -18,9 +20,9 @@ from mmt.core.jobdir import Attempt, JobDir, read_json, write_atomic
 from mmt.core.states import JobState
 from mmt.records.conclusion import conclude_from_outside
 from mmt.records.outcome import JobOutcome
-from mmt.records.ownership import lock_is_held, read_owner
+from mmt.records.ownership import read_owner
 from mmt.records.payload import UnsafePayloadError, read_plan
-from mmt.records.reconcile import conclude_orphan, own_result, request_stop, save
+from mmt.records.reconcile import request_stop
 from mmt.records.registry import JobRecord, Registry
 from mmt.records.restarts import recorded
 from mmt.records.scheduler import SchedulerRecord, read_scheduler, write_scheduler
@@ -40,44 +42,43 @@ def refresh_all(records_: Sequence[JobRecord], registry: Registry) -> List[JobRe
 
 
 def refresh(record: JobRecord, registry: Registry, asked: Optional[Asked] = None) -> JobRecord:
-    result = own_result(record)
-    if result is None and not record.scheduler_id:
-        record = _unsubmitted(record, registry)
-        if JobState(record.state).final or not record.scheduler_id:
-            return record
-    state = record.state
-    if result is None and record.scheduler_id:
-        job_id = str(record.scheduler_id)
-        attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
-        if asked is not None and job_id in asked[0]:
-            answer = asked[1]
-        else:
-            answer = queue.query([job_id], accounting=queue.accounting_available())
-        current = answer.states.get(job_id)
-        view = read_scheduler(attempt)
-        if current is None and answer.unanswered is not None:
+    return refresh_registered(record, registry, _find_id, functools.partial(_ask, asked=asked))
+
+
+def _ask(record: JobRecord, registry: Registry, asked: Optional[Asked]) -> Tuple[str, Optional[ResultRecord]]:
+    """SLURM's answer about a submitted job (from one query of many jobs, when ``asked`` holds it): its state, and
+    its result once it ended without its own last step writing it."""
+    job_id = str(record.scheduler_id)
+    attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
+    answer = asked[1] if asked is not None and job_id in asked[0] else None
+    if answer is None:
+        answer = queue.query([job_id], accounting=queue.accounting_available())
+    current = answer.states.get(job_id)
+    view = read_scheduler(attempt)
+    if current is None:
+        if answer.unanswered is not None:
             # SLURM cannot be asked: the state stays the last one seen, and scheduler.json says since when
-            write_scheduler(attempt, (view or SchedulerRecord(scheduler_id=job_id)).unanswered(answer.unanswered), view)
-        elif current is not None and not current.final:
-            state = JobState.RUNNING.value if current.state == "RUNNING" else JobState.PENDING.value
-            restarted = len(recorded(attempt))  # restarts inside the allocation so far
-            if restarted != record.restarts:
-                record.restarts = restarted
-                registry.update(record.name, restarts=restarted)
-            never = _note_queue(attempt, job_id, current, view)
-            if never is not None:
-                queue.cancel([job_id])
-                result = _conclude_ended(record, "CANCELLED", never)
-            elif view is not None and view.stop_unconfirmed and queue.cancel([job_id]):
-                # a stop slurmctld could not take when it was asked (its launcher's Ctrl-C): asked again now
-                mark_stop_sent(attempt)
-        elif current is not None:
-            # ended in SLURM without its own last step writing the result (cancelled while it waited in the queue,
-            # a node lost): concluded here as that step would have, with what SLURM says
-            never = view.message if view is not None and view.never_starts else None
-            result = _conclude_ended(record, current.state, never, view.stopped_because if view else None)
-            state = JobState.STOPPING.value if result is None else state
-    return save(record, registry, state, result)
+            unanswered = (view or SchedulerRecord(scheduler_id=job_id)).unanswered(answer.unanswered)
+            write_scheduler(attempt, unanswered, view)
+        return record.state, None
+    if not current.final:
+        restarted = len(recorded(attempt))  # restarts inside the allocation so far
+        if restarted != record.restarts:
+            record.restarts = restarted
+            registry.update(record.name, restarts=restarted)
+        never = _note_queue(attempt, job_id, current, view)
+        if never is not None:
+            queue.cancel([job_id])
+            return record.state, _conclude_ended(record, "CANCELLED", never)
+        if view is not None and view.stop_unconfirmed and queue.cancel([job_id]):
+            # a stop slurmctld could not take when it was asked (its launcher's Ctrl-C): asked again now
+            mark_stop_sent(attempt)
+        return (JobState.RUNNING.value if current.state == "RUNNING" else JobState.PENDING.value), None
+    # ended in SLURM without its own last step writing the result (cancelled while it waited in the queue, a node
+    # lost): concluded here as that step would have, with what SLURM says
+    never = view.message if view is not None and view.never_starts else None
+    result = _conclude_ended(record, current.state, never, view.stopped_because if view else None)
+    return (JobState.STOPPING.value if result is None else record.state), result
 
 
 def mark_stop_sent(attempt: Attempt) -> None:
@@ -141,27 +142,10 @@ def _conclude_ended(
     return conclude_from_outside(plan, attempt, outcome)
 
 
-def _unsubmitted(record: JobRecord, registry: Registry) -> JobRecord:
-    """A record without a SLURM job id: its launcher is submitting it (it holds the job dir's lock), or died before
-    it saved the id: after sbatch (the job is found again, in owner.json or SLURM's queue) or before (FAILED)."""
-    if lock_is_held(Path(record.job_dir)):
-        return record
-    current = registry.get(record.name)  # read again: the launcher may have saved the id and ended since
-    if current is None or current.attempt != record.attempt or current.scheduler_id or JobState(current.state).final:
-        return current or record
-    found = _scheduler_id_in_owner(current) or _scheduler_id_in_queue(current)
-    if found is None:
-        return current  # SLURM cannot be asked now: nothing can be concluded
-    if found:
-        registry.update(current.name, scheduler_id=found)
-        current.scheduler_id = found
-        return current
-    return conclude_orphan(
-        current,
-        registry,
-        f"its launcher (pid {current.supervisor_pid} on "
-        f"{current.supervisor_host}) ended before the job was submitted (killed?)",
-    )
+def _find_id(record: JobRecord) -> Optional[str]:
+    """The SLURM job of a record whose launcher died before it saved the id: after sbatch, owner.json or SLURM's queue
+    has it ("" when neither does, None when SLURM cannot be asked)."""
+    return _scheduler_id_in_owner(record) or _scheduler_id_in_queue(record)
 
 
 def _scheduler_id_in_owner(record: JobRecord) -> Optional[str]:
@@ -184,13 +168,19 @@ def _scheduler_id_in_queue(record: JobRecord) -> Optional[str]:
     return f"{found}_{index}" if found else found
 
 
+def array_task_file(attempt: Attempt) -> Path:
+    """Which task of a job array runs the job (the array's job name, the task's index), written before sbatch: how a
+    launcher killed before it saved the SLURM id is followed by a job that is found again."""
+    return attempt.dir / "array_task.json"
+
+
 def write_array_task(attempt: Attempt, array_name: str, index: int) -> None:
-    write_atomic(attempt.array_task, json.dumps({"job_name": array_name, "index": index}).encode())
+    write_atomic(array_task_file(attempt), json.dumps({"job_name": array_name, "index": index}).encode())
 
 
 def read_array_task(attempt: Attempt) -> Optional[Tuple[str, int]]:
     """The job array's name and the task's index, where the job went out as a job array's task."""
-    task = read_json(attempt.array_task)
+    task = read_json(array_task_file(attempt))
     try:
         return (str(task["job_name"]), int(task["index"])) if task is not None else None
     except (KeyError, TypeError, ValueError):

@@ -20,13 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from mmt.backends import settings as common
+from mmt.backends.mounts import MountSyntax, parse_mount
 from mmt.backends.slurm.oci import BUNDLE
 from mmt.core.errors import ConfigError
 from mmt.core.jobdir import WATCHED_FRESH_S, Attempt
 from mmt.core.rank_env import MMT_RESTART_COUNT
-from mmt.core.states import StartMethod, values
+from mmt.core.states import StartMethod
 from mmt.planning import validate as check
 from mmt.planning.plan import JobPlan
 
@@ -65,8 +67,11 @@ _MANAGED = {
 _OPTION_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
+_ONE_LINE_HINT = "remove the newline; pass multi-line data through env or a file instead"
+
+
 def _one_line(key: str, value: Any) -> Any:
-    return check.one_line(key, value, "remove the newline; pass multi-line data through env or a file instead")
+    return check.one_line(key, value, _ONE_LINE_HINT)
 
 
 @dataclass(frozen=True)
@@ -125,108 +130,93 @@ class SlurmSettings:
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "SlurmSettings":
-        keys = (
-            "submitit_folder",
-            "partition",
-            "account",
-            "qos",
-            "constraint",
-            "cpus_per_task",
-            "mem_gb",
-            "gpus_per_node",
-            "setup",
-            "sbatch_extra",
-            "srun_extra",
-            "container_runtime",
-            "container_mounts",
-            "signal_delay_s",
-            "max_requeues",
-            "poll_interval_s",
-            "tasks",
-            "kill_grace_s",
-            "start_method",
-        )
-        raw = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in keys}
-        text = {k: _one_line(f"hydra.launcher.{k}", raw[k]) for k in ("partition", "account", "qos", "constraint")}
-        extra = {}
-        given = raw["sbatch_extra"]
-        for name, value in (given if isinstance(given, dict) else {}).items():
-            key = f"hydra.launcher.sbatch_extra.{name!s}"
-            option = str(name).replace("_", "-")
-            if not _OPTION_NAME.match(str(name)):
-                raise ConfigError(
-                    key,
-                    value,
-                    "sbatch option names are lower-case letters, digits, - and _",
-                    "e.g. hydra.launcher.sbatch_extra.mail-type=END",
-                )
-            if option in _MANAGED:
-                raise ConfigError(
-                    key,
-                    value,
-                    f"--{option} is set by mmt from the job's plan",
-                    "use num_nodes/devices/machine or the hydra.launcher field of that name",
-                )
-            if not isinstance(value, (str, int, float, bool)):
-                raise ConfigError(key, value, "expected a string, number or boolean", f"e.g. {key}=value")
-            extra[str(name)] = _one_line(key, value)
-
-        def optional_int(key: str, minimum: int) -> Optional[int]:
-            if raw[key] is None:
-                return None
-            return check.whole_number(f"hydra.launcher.{key}", raw[key], minimum, f"e.g. hydra.launcher.{key}=4")
-
-        return cls(
-            folder=_one_line("hydra.launcher.submitit_folder", str(raw["submitit_folder"])),
-            cpus_per_task=optional_int("cpus_per_task", 1),
-            mem_gb=optional_int("mem_gb", 1),
-            gpus_per_node=optional_int("gpus_per_node", 0),
-            setup=tuple(str(line) for line in raw["setup"] or ()),
-            sbatch_extra=tuple(sorted(extra.items())),
-            srun_extra=tuple(_one_line("hydra.launcher.srun_extra", str(a)) for a in raw["srun_extra"] or ()),
-            container_runtime=check.choice(
-                "hydra.launcher.container_runtime", raw["container_runtime"], CONTAINER_RUNTIMES
-            ),
-            container_mounts=tuple(_mount(m) for m in raw["container_mounts"] or ()),
-            signal_delay_s=check.whole_number(
-                "hydra.launcher.signal_delay_s", raw["signal_delay_s"], 1, "seconds before the time limit, e.g. 90"
-            ),
-            max_requeues=check.whole_number(
-                "hydra.launcher.max_requeues", raw["max_requeues"], 0, "e.g. hydra.launcher.max_requeues=3"
-            ),
-            poll_interval_s=check.positive_number(
-                "hydra.launcher.poll_interval_s", raw["poll_interval_s"], "seconds, e.g. 1", maximum=3600
-            ),
-            tasks=check.choice("hydra.launcher.tasks", raw["tasks"], TASK_LAYOUTS),
-            kill_grace_s=check.positive_number(
-                "hydra.launcher.kill_grace_s",
-                raw["kill_grace_s"],
-                "seconds between SIGTERM and SIGKILL, e.g. 1",
-                maximum=3600,
-            ),
-            start_method=check.choice("hydra.launcher.start_method", raw["start_method"], values(StartMethod)),
-            max_parallel_jobs=None
-            if OmegaConf.select(cfg, "max_parallel_jobs", default=None) is None
-            else check.whole_number(
-                "hydra.launcher.max_parallel_jobs",
-                cfg.max_parallel_jobs,
-                1,
-                "tasks of a job array at once, e.g. hydra.launcher.max_parallel_jobs=4",
-            ),
-            **text,
-        )
+        raw = common.plain_values(cfg, (k for k in _SETTINGS if k != "max_parallel_jobs"), {"max_parallel_jobs": None})
+        found = common.validated(raw, _SETTINGS)
+        return cls(folder=found.pop("submitit_folder"), **found)
 
 
-def _mount(value: Any) -> str:
-    value = _one_line("hydra.launcher.container_mounts", str(value))
-    if "," in value or ":" not in value:
-        raise ConfigError(
-            "hydra.launcher.container_mounts",
+def _sbatch_extra(given: Any) -> Tuple[Tuple[str, Any], ...]:
+    """``sbatch_extra``: further ``#SBATCH`` options, never one that mmt sets from the plan."""
+    extra = {}
+    for name, value in (given if isinstance(given, dict) else {}).items():
+        key = f"hydra.launcher.sbatch_extra.{name!s}"
+        option = str(name).replace("_", "-")
+        if not _OPTION_NAME.match(str(name)):
+            raise ConfigError(
+                key,
+                value,
+                "sbatch option names are lower-case letters, digits, - and _",
+                "e.g. hydra.launcher.sbatch_extra.mail-type=END",
+            )
+        if option in _MANAGED:
+            raise ConfigError(
+                key,
+                value,
+                f"--{option} is set by mmt from the job's plan",
+                "use num_nodes/devices/machine or the hydra.launcher field of that name",
+            )
+        if not isinstance(value, (str, int, float, bool)):
+            raise ConfigError(key, value, "expected a string, number or boolean", f"e.g. {key}=value")
+        extra[str(name)] = _one_line(key, value)
+    return tuple(sorted(extra.items()))
+
+
+def _text(name: str) -> common.Check:
+    """A SLURM name (partition, account, ...): on one line."""
+    return lambda value: _one_line(common.key(name), value)
+
+
+def _optional_int(name: str, minimum: int) -> common.Check:
+    return common.unless_none(
+        lambda value: check.whole_number(common.key(name), value, minimum, f"e.g. hydra.launcher.{name}=4")
+    )
+
+
+def _each(checked: common.Check) -> common.Check:
+    """A list setting (null: empty): each item checked."""
+    return lambda value: tuple(checked(item) for item in value or ())
+
+
+# container_mounts as pyxis (which joins them with commas), apptainer and SLURM's OCI runtime bind them
+_MOUNTS = MountSyntax(
+    expected="expected SOURCE:TARGET[:FLAGS] without commas",
+    hint="e.g. hydra.launcher.container_mounts=[/data:/data]",
+    commas=False,
+    one_line_hint=_ONE_LINE_HINT,
+)
+
+# hydra.launcher.* of cluster=slurm -> its check, in the order they are checked (submitit_folder is the folder field)
+_SETTINGS: Dict[str, common.Check] = {
+    **{name: _text(name) for name in ("partition", "account", "qos", "constraint")},
+    "sbatch_extra": _sbatch_extra,
+    "submitit_folder": lambda value: _one_line(common.key("submitit_folder"), str(value)),
+    "cpus_per_task": _optional_int("cpus_per_task", 1),
+    "mem_gb": _optional_int("mem_gb", 1),
+    "gpus_per_node": _optional_int("gpus_per_node", 0),
+    "setup": _each(str),
+    "srun_extra": _each(lambda arg: _one_line(common.key("srun_extra"), str(arg))),
+    "container_runtime": lambda value: check.choice(common.key("container_runtime"), value, CONTAINER_RUNTIMES),
+    "container_mounts": _each(lambda mount: parse_mount(mount, _MOUNTS)),
+    "signal_delay_s": lambda value: check.whole_number(
+        common.key("signal_delay_s"), value, 1, "seconds before the time limit, e.g. 90"
+    ),
+    "max_requeues": lambda value: check.whole_number(
+        common.key("max_requeues"), value, 0, "e.g. hydra.launcher.max_requeues=3"
+    ),
+    "poll_interval_s": common.poll_interval_s,
+    "tasks": lambda value: check.choice(common.key("tasks"), value, TASK_LAYOUTS),
+    "kill_grace_s": common.kill_grace_s,
+    "start_method": common.start_method,
+    # absent from an older config
+    "max_parallel_jobs": common.unless_none(
+        lambda value: check.whole_number(
+            common.key("max_parallel_jobs"),
             value,
-            "expected SOURCE:TARGET[:FLAGS] without commas",
-            "e.g. hydra.launcher.container_mounts=[/data:/data]",
+            1,
+            "tasks of a job array at once, e.g. hydra.launcher.max_parallel_jobs=4",
         )
-    return value
+    ),
+}
 
 
 def python_command(plan: JobPlan, settings: SlurmSettings, project_dir: str) -> str:

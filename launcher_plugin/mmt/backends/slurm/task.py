@@ -15,7 +15,6 @@ Either way every rank takes the requeue signal through ``mmt.core.preemption``.
 import contextlib
 import json
 import os
-import pickle
 import re
 import shlex
 import signal
@@ -32,13 +31,13 @@ from mmt.backends.slurm import oci
 from mmt.backends.slurm.nodes import node_hosts, requeue_why
 from mmt.backends.slurm.sbatch import STARTED_VAR, own_job_id
 from mmt.core import preemption, timeline
-from mmt.core.jobdir import Attempt, JobDir, open_for_append, write_atomic
+from mmt.core.jobdir import Attempt, JobDir, open_for_append
 from mmt.core.ports import PortInUseError, hold_port
 from mmt.core.rank_env import MMT_CONTAINER_EXEC, MMT_RESTART_COUNT
 from mmt.monitor import hangs
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.plan import JobPlan
-from mmt.records.payload import open_private
+from mmt.records.payload import read_task, write_task
 from mmt.records.restarts import record_requeue
 from mmt.records.schema import ErrorRecord
 
@@ -348,18 +347,12 @@ def failed_tasks(stderr_text: str) -> List[TaskDeath]:
 
 def write_task_file(task: SlurmTask) -> Path:
     """The task's file in its attempt dir (0600), which every task of the allocation runs."""
-    path = task.attempt.cluster_task
-    write_atomic(path, pickle.dumps(task), private=True)
-    return path
+    return write_task(task, task.attempt)
 
 
 def run_task_file(path: str) -> int:
-    """Run the task a launcher wrote to ``path`` (only this user's, private file: ``open_private``)."""
-    with open_private(Path(path)) as handle:
-        task = pickle.load(handle)
-    if not isinstance(task, SlurmTask):
-        raise TypeError(f"{path} holds a {type(task).__name__}, not an mmt SLURM task")
-    return task()
+    """Run the task a launcher wrote to ``path``."""
+    return read_task(path, SlurmTask, "an mmt SLURM task")()
 
 
 def array_task_file(manifest: str) -> Path:

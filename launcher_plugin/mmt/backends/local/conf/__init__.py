@@ -1,0 +1,1 @@
+"""cluster=local's config (``cluster/local.yaml``), on every Hydra app's search path (mmt.backends.launchers)."""

@@ -1,0 +1,1 @@
+"""cluster=ray's config (``cluster/ray.yaml``), on every Hydra app's search path (mmt.backends.launchers)."""
