@@ -205,3 +205,21 @@ def test_a_cluster_whose_python_lacks_mmt_is_named_in_one_line_with_the_fix(tmp_
     log = attempt_dir(tmp_path / "0") / "driver.log"  # Ray's whole log of it, kept
     assert log.exists(), error
     assert "mmt-driver-cannot-run" in log.read_text() or "python: not found" in log.read_text()
+
+
+def test_a_detached_ray_job_is_called_a_ray_job_wherever_it_is_named(tmp_path, tag):
+    """The noun of a job is its backend's (issue 36): the launcher's line, `mmt list` and `mmt inspect` say
+    "Ray job <submission id>", never another scheduler's noun."""
+    name = f"noun-{tag[:6]}"
+    done = run_app(
+        *on_ray(tag), "recipe=probe", "num_nodes=2", "devices=1", "hydra.launcher.detach=true",
+        f"hydra.launcher.name={name}", sweep_dir=tmp_path, tag=tag, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"mmt: detached job 0 {name}-0 (Ray job mmt-{name}-0-" in done.stdout, done.stdout[-2000:]
+    row = _row(f"{name}-0")
+    assert row["scheduler_job"] == f"Ray job {row['scheduler_id']}", row
+    shown = mmt("inspect", f"{name}-0")
+    assert f"scheduler_job Ray job {row['scheduler_id']}" in shown.stdout, shown.stdout
+    assert "SLURM" not in done.stdout + shown.stdout + json.dumps(row)
+    wait_until(lambda: _row(f"{name}-0").get("status") == "Completed", 120, "the job to complete")
