@@ -156,8 +156,8 @@ class ScheduledBackend(Backend[J], Watcher[J], Generic[J, S]):
     def _stop_not_taken(self, job: J, why: str) -> str:
         """What to say, once, of a stop the scheduler did not take."""
         return (
-            f"mmt: could not stop {job.scheduler_id} ({job.plan.name}): {why}; asking again every {STOP_RETRY_S:g} s "
-            "until it answers (the job runs on meanwhile)"
+            f"mmt: could not stop {job_noun(self.name)} {job.scheduler_id} ({job.plan.name}): {why}; asking again "
+            f"every {STOP_RETRY_S:g} s until it answers (the job runs on meanwhile)"
         )
 
     def _silent(self, job: J) -> Optional[str]:

@@ -348,8 +348,8 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     table = Table(box=None, header_style="bold")
     scheduled = any(row["scheduler_job"] for row in rows)  # the scheduler's job column, where one has one
-    columns = ("NAME", "STATUS", "CLUSTER", *(("SCHEDULER JOB",) if scheduled else ()), "MACHINE", "NODES x DEV")
-    for column in (*columns, "RESTARTS", "CREATED", "DURATION", "METRIC"):
+    columns = ("NAME", "STATUS", "CLUSTER", "MACHINE", "NODES x DEV", "RESTARTS", "CREATED", "DURATION", "METRIC")
+    for column in (*columns, *(("SCHEDULER JOB",) if scheduled else ())):  # last: the others keep their places
         table.add_column(column)
     colours = {
         "Completed": "green",
@@ -366,13 +366,13 @@ def _list(args: argparse.Namespace) -> int:
             row["name"],
             f"[{colours.get(status, 'white')}]{status}[/]{note}",
             row["cluster"],
-            *((row["scheduler_job"] or "-",) if scheduled else ()),
             row["machine"],
             row["topology"],
             str(row["restarts"]),
             row["created"],
             "-" if row["duration_s"] is None else f"{row['duration_s']} s",
             row["metric"] or "-",
+            *((row["scheduler_job"] or "-",) if scheduled else ()),
         )
     Console(width=None if sys.stdout.isatty() else 250).print(table)
     return 0
