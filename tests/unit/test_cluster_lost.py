@@ -208,3 +208,55 @@ def test_the_entrypoint_runs_the_driver_when_it_can() -> None:
 def test_a_log_without_the_mark_or_with_a_damaged_one_is_not_read_as_one() -> None:
     assert ray_task.cannot_run("Traceback ...\nValueError: boom") is None
     assert ray_task.cannot_run(f"{ray_task.CANNOT_RUN_MARK} {{not json") is None
+
+
+SUPERVISED = """
+import sys, time
+from mmt.backends.ray.driver import Supervisor
+supervisor = Supervisor()
+print(supervisor.process is not None, flush=True)
+sys.stdin.readline()  # the test kills the parent meanwhile
+print(supervisor.went(5.0), flush=True)
+"""
+
+
+def test_the_driver_tells_its_head_going_by_its_supervisor_gone() -> None:
+    """A real process chain: a parent whose command line names JobSupervisor (as Ray's actor worker's does), the
+    driver's check below it. Alive: not gone within the wait; killed: gone."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[2:])", "ray::JobSupervisor"]
+        + [sys.executable, "-c", SUPERVISED],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert parent.stdout is not None and parent.stdin is not None
+        assert parent.stdout.readline().strip() == "True"  # found among its ancestors
+        parent.kill()
+        parent.wait()
+        parent.stdin.write("\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "True"
+    finally:
+        parent.kill()
+
+
+def test_a_supervisor_that_stays_is_not_taken_for_a_head_going() -> None:
+    from mmt.backends.ray.driver import Supervisor
+
+    supervisor = Supervisor()
+    assert supervisor.process is None and not supervisor.went(0.0)  # pytest's own parents: no Ray job
+    supervisor.process = __import__("psutil").Process()  # this process: alive
+    started = time.monotonic()
+    assert not supervisor.went(0.3) and time.monotonic() - started >= 0.3
+
+
+def test_an_actor_whose_owner_died_is_the_cluster_going_under_the_driver_not_a_node_failure() -> None:
+    from mmt.backends.ray.driver import ClusterGone, Driver, NodeEnd, Placed
+
+    driver = Driver.__new__(Driver)  # only _lost_and_died is used: no Ray here
+    said = "The actor died unexpectedly before finishing this task. The actor is dead because its owner has died."
+    with pytest.raises(ClusterGone, match="Ray holds this driver dead"):
+        driver._lost_and_died(Placed(None, [], node_ids=["a"]), {0: NodeEnd(error=said)})

@@ -55,6 +55,16 @@ STOP_MARGIN_S = 5.0
 NODE_DEATH_WAIT_S = 60.0
 # why a stop that mmt did not ask for came (nothing in scheduler.json)
 STOPPED_OUTSIDE = "the Ray job was stopped (ray job stop)"
+# how long a run that did not complete waits to tell its head going (its supervisor gone) from its own end
+HEAD_EXIT_WAIT_S = 1.5
+# Ray's words for an actor whose owner, this driver, it holds dead: the driver lost its head (raylet, GCS)
+OWNER_DIED = "because its owner has died"
+
+
+class ClusterGone(Exception):
+    """The head went under the driver (Ray holds the driver dead, or its GCS does not answer): what the driver saw
+    of its nodes is the cluster's end, not theirs, so it concludes nothing; the launcher's grace does
+    (``hydra.launcher.cluster_grace_s``), as for a head lost with its driver."""
 
 
 class StopSignal:
@@ -295,11 +305,14 @@ class Driver:
         troubled = sorted(node for node, end in ends.items() if end.error is not None)
         if not troubled:
             return [], []
+        orphaned = next((ends[n].error for n in troubled if OWNER_DIED in str(ends[n].error)), None)
+        if orphaned is not None:
+            raise ClusterGone(f"Ray holds this driver dead: {orphaned}")
         wait_until = time.monotonic() + (
             NODE_DEATH_WAIT_S if any(ends[n].unavailable for n in troubled) and self._stopped() is None else 0.0
         )
         while True:
-            dead = {node.node_id: node for node in cluster_nodes() if not node.alive}
+            dead = {node.node_id: node for node in _cluster_nodes_or_gone() if not node.alive}
             unknown = [n for n in troubled if placed.node_ids[n] not in dead and ends[n].unavailable]
             if not unknown or time.monotonic() >= wait_until:
                 break
@@ -377,6 +390,54 @@ class Driver:
         )
 
 
+class Supervisor:
+    """Ray's job supervisor on the head, the driver's parent (or its shell's): it goes when the head goes (``ray
+    stop``, the head's host shut down), and then the ranks' SIGTERM, the agents' ends and the driver's own stop are
+    the cluster's end, not the job's."""
+
+    def __init__(self) -> None:
+        import psutil  # a dependency of Ray's own job supervisor
+
+        self.process = next(
+            (p for p in psutil.Process().parents()[:3] if "JobSupervisor" in " ".join(_cmdline(p))), None
+        )
+
+    def went(self, wait_s: float) -> bool:
+        """Whether it is gone, or goes within ``wait_s`` (the head's services take a moment to exit)."""
+        if self.process is None:
+            return False
+        deadline = time.monotonic() + wait_s
+        while self.process.is_running() and self.process.status() != "zombie":
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+
+def _ended_from_outside(outcome: JobOutcome) -> bool:
+    """A failure that the head going may have caused (a signal, a node or actor lost): worth a moment's wait to
+    tell. A rank's own error is not; nor is a stop, which must end within Ray's grace (3 s): a supervisor gone with
+    the head is gone by then."""
+    if outcome.status != JobState.FAILED:
+        return False
+    failure = outcome.failure
+    return failure is None or failure.signal is not None or (failure.exit_code or 0) > 128
+
+
+def _cmdline(process: Any) -> List[str]:
+    try:
+        return list(process.cmdline())
+    except Exception:  # noqa: BLE001 - gone, or not ours to read
+        return []
+
+
+def _cluster_nodes_or_gone() -> List[ClusterNode]:
+    try:
+        return cluster_nodes()
+    except Exception as exc:  # noqa: BLE001 - any failure to reach the GCS: the head is going
+        raise ClusterGone(f"its GCS does not answer: {_said(exc)}") from exc
+
+
 def _said(exc: BaseException) -> str:
     """Ray's error in one line (its messages run over several)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
@@ -422,7 +483,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not attempt.plan.exists():
         return 0  # concluded and cleaned up already
     timeline.mark_at(attempt.timeline, "ray_driver", timeline.process_start_time())
-    stop = StopSignal()
+    stop, supervisor = StopSignal(), Supervisor()
     started = time.time()
     import ray
 
@@ -430,6 +491,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     stop.install()
     try:
         outcome = Driver(task, stop).run_all()
+        wait_s = HEAD_EXIT_WAIT_S if _ended_from_outside(outcome) else 0.0
+        if outcome.status != JobState.COMPLETED and supervisor.went(wait_s):
+            raise ClusterGone("Ray's job supervisor on the head is gone: the head is going")
+    except ClusterGone as gone:
+        print(f"mmt: job {task.plan.name} not concluded by its Ray driver: {gone}", file=sys.stderr, flush=True)
+        return 1
     except Exception as exc:  # noqa: BLE001 - said in the result, then raised for Ray's job log
         record_result(
             task, JobOutcome(JobState.FAILED, time.time() - started, detail=f"its Ray driver failed: {exc}"), started
