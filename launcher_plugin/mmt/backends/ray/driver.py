@@ -106,9 +106,14 @@ class Placed:
 
 
 def cluster_nodes() -> List[ClusterNode]:
-    """Every node the cluster knows (GCS), in the launcher's terms (``api.ClusterNode``)."""
+    """Every node the cluster knows (GCS), in the launcher's terms (``api.ClusterNode``); ``ClusterGone`` when the
+    GCS does not answer (the head is going)."""
     import ray
 
+    try:
+        nodes = ray.nodes()
+    except Exception as exc:  # noqa: BLE001 - any failure to reach the GCS
+        raise ClusterGone(f"its GCS does not answer: {_said(exc)}") from exc
     return [
         ClusterNode(
             ip=str(node.get("NodeManagerAddress") or ""),
@@ -117,7 +122,7 @@ def cluster_nodes() -> List[ClusterNode]:
             head="node:__internal_head__" in (node.get("Resources") or {}),
             resources={str(k): float(v) for k, v in (node.get("Resources") or {}).items()},
         )
-        for node in ray.nodes()
+        for node in nodes
     ]
 
 
@@ -312,7 +317,7 @@ class Driver:
             NODE_DEATH_WAIT_S if any(ends[n].unavailable for n in troubled) and self._stopped() is None else 0.0
         )
         while True:
-            dead = {node.node_id: node for node in _cluster_nodes_or_gone() if not node.alive}
+            dead = {node.node_id: node for node in cluster_nodes() if not node.alive}
             unknown = [n for n in troubled if placed.node_ids[n] not in dead and ends[n].unavailable]
             if not unknown or time.monotonic() >= wait_until:
                 break
@@ -429,13 +434,6 @@ def _cmdline(process: Any) -> List[str]:
         return list(process.cmdline())
     except Exception:  # noqa: BLE001 - gone, or not ours to read
         return []
-
-
-def _cluster_nodes_or_gone() -> List[ClusterNode]:
-    try:
-        return cluster_nodes()
-    except Exception as exc:  # noqa: BLE001 - any failure to reach the GCS: the head is going
-        raise ClusterGone(f"its GCS does not answer: {_said(exc)}") from exc
 
 
 def _said(exc: BaseException) -> str:
