@@ -188,13 +188,15 @@ def test_a_job_the_cluster_cannot_place_is_one_line_within_seconds(ask, key, ask
 
 def test_the_time_limit_stops_every_rank_and_the_job_is_timeout(tmp_path, tag):
     done = run_app(
-        *on_ray(tag), *PROBE, "recipe.hold_s=120", "hydra.launcher.timeout_min=0.25", sweep_dir=tmp_path, tag=tag
+        *on_ray(tag), *PROBE, "recipe.hold_s=600", "hydra.launcher.timeout_min=0.25", sweep_dir=tmp_path, tag=tag
     )
     assert done.returncode == 1
     [result] = results(tmp_path)
     assert result["status"] == "TIMEOUT", result
     assert "reached its time limit; all 4 ranks were still running" in result["error"], result["error"]
-    assert result["duration_s"] < 60, result["duration_s"]
+    # far below the ranks' 600 s; the limit counts from placement, and on CI's loaded host (other tests' jobs on the
+    # same cluster) placement and start-up took 54 s once
+    assert result["duration_s"] < 180, result["duration_s"]
 
 
 def test_a_deadlocked_rank_is_found_by_the_node_agents_and_named_with_its_stack(tmp_path, tag):

@@ -498,3 +498,16 @@ def test_detach_with_dashboard_is_refused_not_dropped(home: Path, capsys, monkey
         r"attached run",
     ):
         submit.run(submit.RunSpec(command="true", detach=True, overrides=["hydra.launcher.dashboard=true"]))
+
+
+def test_a_piped_list_is_one_line_per_job_however_wide(home: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """CI: piped, `mmt list` wrapped its rows at 250 columns once a Ray job id widened the table, so a status with its
+    note was cut across two lines and a script's grep (or a test's) missed it."""
+    long_name = "n" * 300
+    registered_job(home, long_name, tmp_path / "long")
+    registered_job(home, "short", tmp_path / "short", state="FAILED")
+    code, out, _ = _cli(capsys, "list")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 3, out  # the header and one line per job
+    assert any(line.split()[:2] == [long_name, "Completed"] for line in lines), out
+    assert any(line.split()[:2] == ["short", "Failed"] for line in lines), out

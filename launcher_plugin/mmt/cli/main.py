@@ -374,7 +374,8 @@ def _list(args: argparse.Namespace) -> int:
             row["metric"] or "-",
             *((row["scheduler_job"] or "-",) if scheduled else ()),
         )
-    Console(width=None if sys.stdout.isatty() else 250).print(table)
+    # Piped (grep, a script, a test): one line per job whatever its width, as squeue's; a terminal wraps to fit.
+    Console(width=None if sys.stdout.isatty() else 100_000).print(table)
     return 0
 
 
