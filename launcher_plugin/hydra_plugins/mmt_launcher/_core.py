@@ -11,6 +11,7 @@ the same way; the launcher classes stay thin, so plugin discovery imports none o
 """
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
@@ -162,7 +163,7 @@ def _launch(
             if up_front:
                 raise  # the whole grid is known: refuse it before anything starts
             refused[num] = InvalidJobError(f"job {num}", str(exc))
-    settings = SessionSettings.of(config.hydra.launcher, sweep_dir)
+    settings = replace(SessionSettings.of(config.hydra.launcher, sweep_dir), plot_awaited_at_exit=True)  # a next batch
     if settings.detach and not up_front and not any(job.prepared.plan.dry_run for job in jobs.values()):
         sweeper = OmegaConf.select(config, "hydra.sweeper._target_")
         raise ConfigError(

@@ -45,6 +45,9 @@ class SessionSettings:
     console: ConsoleMode = ConsoleMode.rank0
     detach: bool = False
     dashboard: bool = False
+    # the caller may launch again from this process (a sweeper's next batch): summary.png is left drawing, awaited
+    # at the process's exit, not at the end of each launch
+    plot_awaited_at_exit: bool = False
 
     @classmethod
     def of(cls, launcher_cfg: DictConfig, sweep_dir: Path) -> "SessionSettings":
@@ -173,10 +176,12 @@ class LaunchSession:
         start_plotter(options.sweep_dir, [job.plan.job_dir for job in jobs])
         console = console or Console()
         page = start_dashboard(options.sweep_dir, console) if self.settings.dashboard else None
-        # the prepared jobs live as long as the launch: out of the cyclic collector's sight while it watches (after
-        # one last collection, so that no garbage is kept with them), or every full collection (reading a job's
-        # return value makes some) walks all of them: a 100-job sweep's launcher spent 7 s of CPU in them
-        gc.collect()
+        # the prepared jobs live as long as the launch: out of the cyclic collector's sight while it watches, or
+        # every full collection (reading a job's return value makes some) walks all of them: a 100-job sweep's
+        # launcher spent 7 s of CPU in them. The young generations are collected first, so that little garbage is
+        # kept with them (the rest is collected after the launch); a full collection would cost each batch of a
+        # sweeper that sends one job at a time 17 ms
+        gc.collect(1)
         gc.freeze()
         try:
             if jobs:
@@ -188,4 +193,7 @@ class LaunchSession:
             gc.unfreeze()
             if page is not None:
                 page.close()
+            if not self.settings.plot_awaited_at_exit:
+                for unwritten in plots.Plotter.settle():
+                    console.write(f"mmt: could not write {unwritten}\n")
             console.close()

@@ -34,12 +34,17 @@ PLOTTED_KEY = "mmt:plotted"
 class Plotter:
     """A process that imports matplotlib while the jobs run, on another core, and draws the plot when asked.
 
-    Importing matplotlib costs a third of a second of CPU; drawing a sweep's plot a tenth. Started with the launch,
-    the import is paid while the launcher composes and supervises; the summary then waits only for the drawing. In
-    the same process, with threads, the import would hold the GIL against the launcher's own work.
+    Importing matplotlib costs a third of a second of CPU; drawing a sweep's plot a tenth, more as the sweep grows.
+    Started with the launch, the import is paid while the launcher composes and supervises; in the same process,
+    with threads, it would hold the GIL against the launcher's own work. The launcher does not wait for a drawing
+    when it asks for one: it waits in :meth:`settle`, at the end of a launch that is the caller's last (the CLI, the
+    SDK) or at the exit of a process that may launch again (a sweeper's next batch, which would otherwise wait for
+    each batch's drawing). One drawing at a time: a sweep dir asked for again meanwhile is drawn once more after it,
+    so a sweep of batches of one never queues a drawing per batch.
     """
 
     current: Optional["Plotter"] = None
+    _settled_at_exit = False
 
     def __init__(self) -> None:
         import os
@@ -59,35 +64,103 @@ class Plotter:
             env=env,
             start_new_session=True,
         )
+        self.drawing: Optional[Path] = None  # the sweep dir being drawn (asked, not yet answered)
+        self.waiting: Dict[Path, None] = {}  # sweep dirs to draw after it, in the order asked
+        self.unwritten: List[str] = []  # "<summary.png>: why", for each drawing that could not be written
 
     @classmethod
     def start(cls) -> None:
         if cls.current is None or cls.current.process.poll() is not None:
             cls.current = cls()
+            if not cls._settled_at_exit:
+                import atexit
+
+                atexit.register(cls._settle_at_exit)
+                cls._settled_at_exit = True
 
     @classmethod
-    def draw(cls, sweep_dir: Path) -> Optional[Path]:
-        """``write_sweep_plot`` in the plotter process when there is one (it stays for the next batch), else here."""
+    def draw(cls, sweep_dir: Path) -> None:
+        """``write_sweep_plot`` in the plotter process when there is one (its outcome collected by :meth:`settle`),
+        else here (an OSError when it cannot be written)."""
         plotter = cls.current
-        if (
-            plotter is None
-            or plotter.process.poll() is not None
-            or plotter.process.stdin is None
-            or plotter.process.stdout is None
-        ):
-            return _drawn_here(sweep_dir)
+        if plotter is None or not plotter._ask(Path(sweep_dir)):
+            cls.current = None
+            _drawn_here(sweep_dir)
+
+    @classmethod
+    def settle(cls) -> List[str]:
+        """Wait for every drawing asked for; what could not be written ("<summary.png>: why"), once each."""
+        plotter = cls.current
+        if plotter is None:
+            return []
+        while plotter.drawing is not None:
+            if not plotter._answer():  # the plotter died: what it still had to draw is drawn here
+                cls.current = None
+                left = [plotter.drawing, *plotter.waiting]
+                plotter.drawing, plotter.waiting = None, {}
+                for sweep_dir in left:
+                    try:
+                        _drawn_here(sweep_dir)
+                    except OSError as exc:
+                        plotter.unwritten.append(f"{SweepDir(sweep_dir).summary_png}: {exc.strerror or exc}")
+        unwritten, plotter.unwritten = plotter.unwritten, []
+        return unwritten
+
+    @classmethod
+    def _settle_at_exit(cls) -> None:
+        import sys
+
         try:
-            plotter.process.stdin.write(str(sweep_dir) + "\n")
-            plotter.process.stdin.flush()
-            answer = plotter.process.stdout.readline()
+            for line in cls.settle():
+                print(f"mmt: could not write {line}", file=sys.stderr)
+        except KeyboardInterrupt:  # a Ctrl-C at exit: the plotter finishes what it has on its own
+            pass
+
+    def _ask(self, sweep_dir: Path) -> bool:
+        """Ask for ``sweep_dir``'s drawing, now or after the one in progress; False if the plotter is gone."""
+        import select
+
+        if self.process.poll() is not None or self.process.stdout is None:
+            return False
+        # the drawing in progress may be done: its answer read now, so the plot follows the sweep as it goes (one
+        # answer at most is outstanding, so none waits in the pipe's read buffer unseen by select)
+        if self.drawing is not None and select.select([self.process.stdout], [], [], 0)[0] and not self._answer():
+            return False
+        if self.drawing is None:
+            return self._send(sweep_dir)
+        self.waiting[sweep_dir] = None  # also the dir being drawn: once more after, with the jobs ended since
+        return True
+
+    def _send(self, sweep_dir: Path) -> bool:
+        if self.process.stdin is None:
+            return False
+        try:
+            self.process.stdin.write(str(sweep_dir) + "\n")
+            self.process.stdin.flush()
+        except OSError:
+            return False
+        self.drawing = sweep_dir
+        return True
+
+    def _answer(self) -> bool:
+        """Read the answer for the drawing in progress and ask for the next one; False if the plotter is gone."""
+        assert self.drawing is not None
+        try:
+            answer = self.process.stdout.readline() if self.process.stdout is not None else ""
         except OSError:
             answer = ""
-        if not answer:  # the plotter died: draw here
-            cls.current = None
-            return _drawn_here(sweep_dir)
+        if not answer:
+            return False
         if answer.startswith("error "):
-            raise OSError(answer.split(" ", 1)[1].strip())
-        return Path(answer.strip()) if answer.strip() else None
+            why = answer.split(" ", 1)[1].strip()
+            self.unwritten.append(f"{SweepDir(self.drawing).summary_png}: {why}")
+        self.drawing = None
+        if self.waiting:
+            following = next(iter(self.waiting))
+            del self.waiting[following]
+            if not self._send(following):
+                self.drawing = following  # read as gone by the caller's next answer
+        return True
 
 
 def _drawn_here(sweep_dir: Path) -> Optional[Path]:

@@ -42,18 +42,19 @@ def _without_file_handlers(logging_cfg: Any) -> Any:
     return logging_cfg
 
 
-def _process_config(config: Any, primary: bool) -> Any:
-    """The config this process runs with: Hydra writes no ``.hydra/`` (the primary writes it, masked), and only
-    the primary logs to the job's log file."""
+def _process_config(config: Any, primary: bool) -> Optional[str]:
+    """The config this process runs with, changed in place (it is this process's own, unpickled from the payload: a
+    copy would cost every rank a copy of the whole config): Hydra writes no ``.hydra/`` (the primary writes it,
+    masked), and only the primary logs to the job's log file. Returns the ``output_subdir`` it had."""
     from omegaconf import OmegaConf, open_dict, read_write
 
-    config = copy.deepcopy(config)
+    subdir = OmegaConf.select(config, "hydra.output_subdir")
     with read_write(config.hydra), open_dict(config.hydra):
         config.hydra.output_subdir = None
         if not primary:
             logging_cfg = OmegaConf.to_container(config.hydra.job_logging, resolve=False)
             config.hydra.job_logging = _without_file_handlers(logging_cfg)
-    return config
+    return None if subdir is None else str(subdir)
 
 
 def _write_hydra_dir(payload: JobPayload) -> None:
@@ -184,10 +185,11 @@ def run(attempt: Attempt, index: int) -> int:
     plan = payload.plan
     container = json.loads(os.environ.get(MMT_CONTAINER_EXEC) or "[]")
     task = _marked(payload.task_function if plan.command is None else command_task(plan.command, container), index)
+    output_subdir = _process_config(payload.config, primary)
     ret = run_job(
         hydra_context=context,
         task_function=task,
-        config=_process_config(payload.config, primary),
+        config=payload.config,
         job_dir_key="hydra.sweep.dir",
         job_subdir_key="hydra.sweep.subdir",
     )
@@ -201,7 +203,7 @@ def run(attempt: Attempt, index: int) -> int:
         report_error(attempt, index, error)
         ret.return_value = None  # the exception travels as text: it may not be picklable
     if primary:
-        _restore_output_subdir(ret, payload.config)
+        _restore_output_subdir(ret, output_subdir)
         _write_return(attempt, ret)
     if not failed:  # after a failure a collective may still be pending: never block on it
         _close_process_group()
@@ -222,13 +224,13 @@ def _marked(task: Any, index: int) -> Any:
     return marked
 
 
-def _restore_output_subdir(ret: Any, config: Any) -> None:
+def _restore_output_subdir(ret: Any, output_subdir: Optional[str]) -> None:
     """The JobReturn says where ``.hydra/`` is, as Hydra's own launchers' do (this process wrote it itself)."""
     from omegaconf import open_dict, read_write
 
     if ret.hydra_cfg is not None:
         with read_write(ret.hydra_cfg.hydra), open_dict(ret.hydra_cfg.hydra):
-            ret.hydra_cfg.hydra.output_subdir = config.hydra.output_subdir
+            ret.hydra_cfg.hydra.output_subdir = output_subdir
 
 
 def _write_return(attempt: Attempt, ret: Any) -> None:
