@@ -80,3 +80,62 @@ def test_a_sweeper_that_chooses_the_recipe_gets_no_early_preload():
         "torch.distributed",
     )
     assert expected_preload(_master("recipe=probe", sweeper_params={"recipe": "choice(probe,lm)"})) == ()
+
+
+def test_the_hydra_state_a_job_restores_is_what_singleton_get_state_gives():
+    """prepare.hydra_state skips get_state's deep copies (the payload's pickle is the copy): a job's process must
+    restore the same singletons and resolvers from it, and a change made after the pickle must not reach the job."""
+    import cloudpickle
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+    from hydra.core.singleton import Singleton
+    from omegaconf.basecontainer import BaseContainer
+
+    from mmt.launching.prepare import hydra_state
+
+    compose_train()  # Hydra's singletons as an app's launcher has them
+    ConfigStore.instance().store(name="mmt_state_probe", node={"a": 1})
+    OmegaConf.register_new_resolver("mmt_state_probe", lambda: 1, replace=True)
+    try:
+        ours, hydras = cloudpickle.dumps(hydra_state()), cloudpickle.dumps(Singleton.get_state())
+        ConfigStore.instance().store(name="mmt_state_probe", node={"a": 2})  # after the pickle: not the job's
+    finally:
+        ConfigStore.instance().repo.pop("mmt_state_probe.yaml", None)
+        OmegaConf.clear_resolver("mmt_state_probe")
+    restored, expected = cloudpickle.loads(ours), cloudpickle.loads(hydras)
+    assert Plugins not in restored["instances"]
+    assert [kind.__qualname__ for kind in restored["instances"]] == [
+        kind.__qualname__ for kind in expected["instances"]
+    ]
+    assert set(restored["omegaconf_resolvers"]) == set(expected["omegaconf_resolvers"])
+    assert "mmt_state_probe" in restored["omegaconf_resolvers"]
+    store = next(i for k, i in restored["instances"].items() if k.__qualname__ == "ConfigStore")
+    assert store.repo["mmt_state_probe.yaml"].node == {"a": 1}
+    assert (
+        store.repo.keys()
+        == next(i for k, i in expected["instances"].items() if k.__qualname__ == "ConfigStore").repo.keys()
+    )
+    assert "mmt_state_probe" not in BaseContainer._resolvers
+
+
+def test_a_forked_rank_reseeds_numpy_only_where_the_agent_imported_numpy_random(monkeypatch):
+    """after_fork.reset: numpy's global RandomState, imported before the fork, is drawn afresh in each rank; a numpy
+    whose lazy ``numpy.random`` was never imported is not made to import it (7 ms of every rank's start)."""
+    import sys
+    import types
+
+    import numpy.random
+
+    from mmt.worker import after_fork
+
+    before = numpy.random.get_state()[1].copy()
+    after_fork.reset()
+    assert (numpy.random.get_state()[1] != before).any()
+
+    class LazyNumpy(types.ModuleType):
+        def __getattr__(self, name: str) -> None:
+            raise AssertionError(f"numpy.{name} looked up: a lazy import in every rank")
+
+    monkeypatch.setitem(sys.modules, "numpy", LazyNumpy("numpy"))
+    monkeypatch.delitem(sys.modules, "numpy.random")
+    after_fork.reset()

@@ -15,7 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
-from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -143,7 +142,7 @@ def _launch(
     prepare.warm_up(backend, config)  # again, should the agent have gone since the last batch
     jobs: Dict[int, prepare.HydraJob] = {}
     refused: Dict[int, InvalidJobError] = {}
-    singleton_state = Singleton.get_state()  # the same for every job of the batch
+    singleton_state = prepare.hydra_state()  # the same for every job of the batch
     for i, overrides in enumerate(job_overrides):
         num = initial_job_idx + i
         try:

@@ -42,6 +42,8 @@ def reset() -> None:
         if function is not None and id(function) not in seen and hasattr(function, "rank"):
             seen.add(id(function))
             function.rank = rank
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and hasattr(numpy, "random"):
-        numpy.random.seed()
+    # only where numpy.random was imported before the fork: NumPy imports it lazily (``numpy.random`` looked up on a
+    # numpy that lacks it costs a rank 7 ms), and imported after the fork it seeds itself from the rank's entropy
+    random = sys.modules.get("numpy.random")
+    if random is not None:
+        random.seed()

@@ -1,10 +1,11 @@
 """One process of a job (a rank, or a node's command): restore Hydra, run the job's task, report.
 
 Runs inside the process the agent started, with the rank contract already in ``os.environ``. Every process runs
-Hydra's ``run_job`` like Hydra's own launchers do; the primary one (rank 0 / node 0) writes the job's ``.hydra/``
-(env values masked, owner-only), the job log and fires the job callbacks; the others run the same task without
-log file or callbacks, so a job dir is written once however many ranks it has. Each process leaves its records in
-the attempt dir (``mmt.core.jobdir``): an error record if it raised, the primary's return value, and a done marker.
+Hydra's ``run_job`` like Hydra's own launchers do (``mmt.worker.job_run``: the same, less its copies); the primary
+one (rank 0 / node 0) writes the job's ``.hydra/`` (env values masked, owner-only), the job log and fires the job
+callbacks; the others run the same task without log file or callbacks, so a job dir is written once however many
+ranks it has. Each process leaves its records in the attempt dir (``mmt.core.jobdir``): an error record if it
+raised, the primary's return value, and a done marker.
 
 ``python -m mmt.worker.main <attempt dir> <process index>`` starts one in a fresh interpreter (start_method=spawn).
 """
@@ -162,8 +163,10 @@ def run(attempt: Attempt, index: int) -> int:
         return 1
 
     from hydra._internal.callbacks import Callbacks
-    from hydra.core.utils import JobStatus, run_job, setup_globals
+    from hydra.core.utils import JobStatus, setup_globals
     from hydra.types import HydraContext
+
+    from mmt.worker.job_run import run_job
 
     restore_singletons(payload.singleton_state)
     setup_globals()
