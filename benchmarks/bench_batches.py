@@ -2,7 +2,7 @@
 
 (a) six 1 x 1 probe jobs, one per batch:  train.py -m recipe=probe +x=1..6 hydra.sweeper.max_batch_size=1
 (b) the same six jobs in one batch:       train.py -m recipe=probe +x=1..6
-    a/b: one agent serves every batch, so torch is imported once, not once per batch (goal <= 1.5)
+    a/b: what a batch pays again: one agent serves every batch, nothing waits for the plot (goal <= 1.3)
 (c) a torch-free Hydra app, six jobs through mmt in one batch:  torch_free_app.py -m hydra/launcher=mmt_local
 (d) the same app with Hydra's basic launcher, in-process:       torch_free_app.py -m
     c/d: what mmt's agent and processes add to an app that needs no torch (goal <= 1.5)
