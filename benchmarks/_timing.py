@@ -41,14 +41,14 @@ def alternate(
     return times
 
 
-def slurm_idle(timeout_s: float = 60.0) -> None:
+def slurm_idle(timeout_s: float = 60.0, env: Optional[Dict[str, str]] = None) -> None:
     """Wait (untimed) until SLURM's queue is empty and every node idle: the last job's allocation has drained (SLURM
     holds its nodes for a second or so after its launcher has returned), so that a run never waits for its
     predecessor's nodes and for the scheduler's next pass (up to a second more, at random)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        queued = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.strip()
-        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True).stdout.split()
+        queued = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, env=env).stdout.strip()
+        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=env).stdout.split()
         if not queued and all(state == "idle" for state in states):
             return
         time.sleep(0.05)

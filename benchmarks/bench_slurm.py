@@ -17,12 +17,16 @@ its own defaults too. ``--per-node 1,2,4`` repeats it for each number of ranks p
     python benchmarks/bench_slurm.py --rounds 5 --against 3f93098 --floor
     python benchmarks/bench_slurm.py --rounds 3 --per-node 1,2,4
     MMT_SLURM_NODES=16 ... python benchmarks/bench_slurm.py --nodes 16 --per-node 1 --floor   # a 16-node cluster
+
+The report's first line is the cluster's shape (nodes, CPUs per node, accounting): a small job's figures must not
+depend on it (2 x 2 on a 3-node and a 16-node cluster).
 """
 
 import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -39,9 +43,13 @@ def _env() -> Dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
 
 
-def _mmt(version: _install.Version, nodes: int, per_node: int, name: str) -> Callable[[Path], None]:
+def _mmt(
+    version: _install.Version, nodes: int, per_node: int, name: str, slurm_conf: Optional[Path] = None
+) -> Callable[[Path], None]:
     def one(scratch: Path) -> None:
         env = {k: v for k, v in _env().items() if k != "PYTHONPATH"}
+        if slurm_conf is not None:
+            env["SLURM_CONF"] = str(slurm_conf)
         run(
             [
                 version.python,
@@ -61,7 +69,7 @@ def _mmt(version: _install.Version, nodes: int, per_node: int, name: str) -> Cal
 
 
 def variants(
-    nodes: int, per_node: int, earlier: Optional[_install.Version], floor: bool
+    nodes: int, per_node: int, earlier: Optional[_install.Version], floor: bool, other: Optional[Path] = None
 ) -> Tuple[Dict[str, Callable[[Path], None]], Dict[str, Tuple[str, str]]]:
     shape = f"{nodes}x{per_node}"
     mmt_name = f"a_mmt_slurm_{shape}"
@@ -87,6 +95,9 @@ def variants(
     if earlier is not None:
         found[f"c_earlier_{shape}"] = _mmt(earlier, nodes, per_node, "earlier")
         ratios[f"mmt/{earlier.label} {shape}"] = (mmt_name, f"c_earlier_{shape}")
+    if other is not None:
+        found[f"e_mmt_other_cluster_{shape}"] = _mmt(_install.current(), nodes, per_node, "other", other)
+        ratios[f"mmt this/other cluster {shape}"] = (mmt_name, f"e_mmt_other_cluster_{shape}")
     if floor:
 
         def bare(scratch: Path) -> None:
@@ -95,6 +106,31 @@ def variants(
         found[f"d_floor_{nodes}"] = bare
         ratios[f"mmt/floor {shape}"] = (mmt_name, f"d_floor_{nodes}")
     return found, ratios
+
+
+def _all_idle(other: Optional[Path]) -> None:
+    slurm_idle()
+    if other is not None:
+        slurm_idle(env=dict(os.environ, SLURM_CONF=str(other)))
+
+
+def cluster_shape(slurm_conf: Optional[Path] = None) -> Dict[str, object]:
+    """The cluster the figures were taken on: its node count, CPUs per node and whether accounting is on (what a
+    launcher's path might grow with)."""
+    env = dict(os.environ, **({"SLURM_CONF": str(slurm_conf)} if slurm_conf is not None else {}))
+
+    def ask(*args: str) -> str:
+        return subprocess.run(list(args), capture_output=True, text=True, env=env).stdout
+
+    nodes = ask("sinfo", "-h", "-N", "-o", "%N %c").split("\n")
+    cpus = sorted({int(line.split()[1]) for line in nodes if line.strip()})
+    config = ask("scontrol", "show", "config")
+    types = [line.split("=", 1)[1].strip() for line in config.splitlines() if "AccountingStorageType" in line]
+    return {
+        "nodes": len({line.split()[0] for line in nodes if line.strip()}),
+        "cpus_per_node": cpus[0] if len(cpus) == 1 else cpus,
+        "accounting": bool(types) and types[0] != "accounting_storage/none",
+    }
 
 
 def main() -> None:
@@ -106,17 +142,30 @@ def main() -> None:
     parser.add_argument(
         "--floor", action="store_true", help='also run the floor: srun -N<nodes> python -c "import torch"'
     )
+    parser.add_argument(
+        "--other-cluster",
+        type=Path,
+        help="another cluster's slurm.conf: mmt's job also runs there, alternating (both clusters up at once, so the "
+        "host's load is the same for both and only what mmt's path does with the cluster's size differs)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if shutil.which("sbatch") is None or "SLURM_CONF" not in os.environ and not Path("/etc/slurm/slurm.conf").exists():
         sys.exit('no SLURM cluster: scripts/slurm_cluster.sh start && eval "$(scripts/slurm_cluster.sh env)"')
     earlier = _install.of_revision(args.against) if args.against else None
-    figures = {}
+    figures: Dict[str, object] = {}
+    for label, conf in (("cluster", None), ("other cluster", args.other_cluster)):
+        if label == "cluster" or conf is not None:
+            shape = cluster_shape(conf)
+            accounting = "on" if shape["accounting"] else "off"
+            print(f"{label}: {shape['nodes']} nodes x {shape['cpus_per_node']} CPUs, accounting {accounting}")
+            figures[label] = shape
+    sys.stdout.flush()
     for per_node in [int(n) for n in args.per_node.split(",")]:
         scratch = Path(tempfile.mkdtemp(prefix="mmt-bench-slurm-"))
         try:
-            found, ratios = variants(args.nodes, per_node, earlier, args.floor)
-            times = alternate(found, args.rounds, scratch, settle=slurm_idle)
+            found, ratios = variants(args.nodes, per_node, earlier, args.floor, args.other_cluster)
+            times = alternate(found, args.rounds, scratch, settle=lambda: _all_idle(args.other_cluster))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         figures[f"{args.nodes}x{per_node}"] = report(times, ratios, None, rounds=args.rounds)
