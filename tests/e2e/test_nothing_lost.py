@@ -360,6 +360,29 @@ def test_a_signal_after_an_interrupted_launch_is_absorbed_but_an_uninterrupted_o
     assert done.stdout.split() == ["restored", "absorbed", "True", "True"]
 
 
+def test_a_signal_during_an_interrupted_launcher_s_exit_is_ignored():
+    """Python's finalization puts back the default handlers: a Ctrl-C after the trap's flags and during the exit
+    (the plot awaited at exit, module teardown) killed the launcher by SIGINT instead of its exit 130. From the exit
+    of an interrupted launch on, the signals are ignored: already in the first atexit callback registered (the last
+    to run), and a SIGINT sent there changes nothing."""
+    script = textwrap.dedent("""
+        import atexit, os, signal, sys, time
+        from mmt.launching.signals import SignalTrap
+
+        def last():
+            print("ignored at exit", signal.getsignal(signal.SIGINT) is signal.SIG_IGN, flush=True)
+            os.kill(os.getpid(), signal.SIGINT); time.sleep(0.2)
+
+        atexit.register(last)
+        with SignalTrap() as trap:
+            os.kill(os.getpid(), signal.SIGINT); time.sleep(0.2)
+        sys.exit(128 + trap.received)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, (done.returncode, done.stderr)
+    assert done.stdout.split() == ["ignored", "at", "exit", "True"]
+
+
 def test_a_lost_terminal_stops_local_jobs_and_writes_every_result(tmp_path, tag):
     launcher = _holding(tmp_path, tag)
     launcher.send_signal(signal.SIGHUP)

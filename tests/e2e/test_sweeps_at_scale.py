@@ -211,17 +211,21 @@ def test_a_failing_task_fails_alone_and_mmt_stop_of_one_job_stops_only_its_task(
 
 
 def _after_failing_and_completed(app: Path, cluster: str, tmp_path: Path, tag: str) -> Tuple[dict, dict]:
-    """prep-ok and prep-bad detached (5 s each; prep-bad then fails), then, while both run, one job after each
-    (two launches at once). Returns the results of the job after prep-bad and of the one after prep-ok."""
+    """prep-ok and prep-bad detached (15 s each; prep-bad then fails), then, while both run, one job after each
+    (two launches at once). Returns the results of the job after prep-bad and of the one after prep-ok. (With 5 s,
+    under CI's load prep-bad had sometimes failed before the launch after it composed, which is then refused up
+    front, rightly: a job after a failed one could never start.)"""
     for name, fails in (("prep-ok", False), ("prep-bad", True)):
-        overrides = ["+x=0", "+sleep=5", f"hydra.launcher.name={cluster}-{name}", "hydra.launcher.detach=true"]
+        overrides = ["+x=0", "+sleep=15", f"hydra.launcher.name={cluster}-{name}", "hydra.launcher.detach=true"]
         detached = _run(app, cluster, tmp_path / name, *overrides, *(["+fail=0"] if fails else []), tag=tag)
         assert detached.returncode == 0, detached.stdout[-2000:] + detached.stderr[-2000:]
     waiting = _start(app, cluster, tmp_path / "a", "+x=1", f"hydra.launcher.after=[{cluster}-prep-bad]", tag=tag)
     runs = _start(app, cluster, tmp_path / "b", "+x=1", f"hydra.launcher.after=[{cluster}-prep-ok]", tag=tag)
     waiting_output, runs_output = waiting.communicate(timeout=120)[0], runs.communicate(timeout=120)[0]
     assert waiting.returncode == 1, waiting_output[-3000:]
-    [cancelled] = results(tmp_path / "a")
+    found = results(tmp_path / "a")
+    assert len(found) == 1, waiting_output[-3000:]
+    [cancelled] = found
     line = f"job 0: cancelled: it runs after {cluster}-prep-bad-0, which ended FAILED (hydra.launcher.after)"
     assert cancelled["status"] == "CANCELLED" and cancelled["error"] == line, cancelled
     assert line in waiting_output

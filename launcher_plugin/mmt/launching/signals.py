@@ -15,6 +15,7 @@ import signal
 from typing import Dict, Optional
 
 WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_ignoring_at_exit = False
 
 
 class SignalTrap:
@@ -48,7 +49,27 @@ class SignalTrap:
         if self.received is not None:
             # an interrupted launch ends its process (exit 128+signal) once its last results and lines are written; a
             # Ctrl-C pressed twice in quick succession must not break those last steps with a KeyboardInterrupt, so
-            # the flags stay in place until the process exits
+            # the flags stay in place until the process exits, and are ignored from its exit on: Python's
+            # finalization puts back the default handlers, under which a late Ctrl-C killed the launcher by SIGINT
+            # instead of its exit 130 (an ignored signal stays ignored)
+            _ignore_at_exit()
             return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+def _ignore_at_exit() -> None:
+    global _ignoring_at_exit
+    if not _ignoring_at_exit:
+        import atexit
+
+        atexit.register(_ignore_watched)  # run before the callbacks registered earlier (the plot's settle)
+        _ignoring_at_exit = True
+
+
+def _ignore_watched() -> None:
+    try:
+        for sig in WATCHED:
+            signal.signal(sig, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
