@@ -7,7 +7,9 @@ At each size N (``--sizes``, default 4,16,64), alternating within a round, media
     (c) mmt, the probe, 1 rank per node:             python train.py -m cluster=slurm recipe=probe num_nodes=N
     (d) its floor, one torch import per node:        srun -N N --ntasks-per-node=1 python -c "import torch"
 
-The cluster must have at least the largest N nodes (``MMT_SLURM_NODES=64 scripts/slurm_cluster.sh start``); every
+The probe runs at its own sizes (``--probe-sizes``, default 4,8,16): each of its nodes imports torch, and 64 imports
+at once take this 2-core host 245 s (10 GB), so 64 is left to hosts with cores to match. The cluster must have at
+least the largest N nodes (``MMT_SLURM_NODES=64 scripts/slurm_cluster.sh start``); every
 size runs on that one cluster (a small job costs the same on a big cluster: bench_slurm.py --other-cluster). The
 report gives each ratio, and the slope per added node (least squares over the sizes) of mmt and of the floor;
 ``--plot`` draws the curve (matplotlib).
@@ -22,7 +24,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, Sequence, Tuple
 
 from _timing import alternate, report, run, slurm_idle
 
@@ -51,17 +53,19 @@ def _srun(nodes: int, *command: str) -> Callable[[Path], None]:
     return one
 
 
-def variants(nodes: int) -> Tuple[Dict[str, Callable[[Path], None]], Dict[str, Tuple[str, str]]]:
-    found = {
-        f"a_mmt_command_{nodes}": _mmt(nodes, f"command={COMMAND}"),
-        f"b_floor_command_{nodes}": _srun(nodes, COMMAND),
-        f"c_mmt_probe_{nodes}": _mmt(nodes, "recipe=probe"),
-        f"d_floor_torch_{nodes}": _srun(nodes, PY, "-c", "import torch"),
-    }
-    ratios = {
-        f"command/floor {nodes}": (f"a_mmt_command_{nodes}", f"b_floor_command_{nodes}"),
-        f"probe/floor {nodes}": (f"c_mmt_probe_{nodes}", f"d_floor_torch_{nodes}"),
-    }
+def variants(
+    nodes: int, command: bool, probe: bool
+) -> Tuple[Dict[str, Callable[[Path], None]], Dict[str, Tuple[str, str]]]:
+    found: Dict[str, Callable[[Path], None]] = {}
+    ratios: Dict[str, Tuple[str, str]] = {}
+    if command:
+        found[f"a_mmt_command_{nodes}"] = _mmt(nodes, f"command={COMMAND}")
+        found[f"b_floor_command_{nodes}"] = _srun(nodes, COMMAND)
+        ratios[f"command/floor {nodes}"] = (f"a_mmt_command_{nodes}", f"b_floor_command_{nodes}")
+    if probe:
+        found[f"c_mmt_probe_{nodes}"] = _mmt(nodes, "recipe=probe")
+        found[f"d_floor_torch_{nodes}"] = _srun(nodes, PY, "-c", "import torch")
+        ratios[f"probe/floor {nodes}"] = (f"c_mmt_probe_{nodes}", f"d_floor_torch_{nodes}")
     return found, ratios
 
 
@@ -72,7 +76,7 @@ def slope(sizes: Sequence[int], seconds: Sequence[float]) -> float:
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(sizes, seconds)) / spread if spread else 0.0
 
 
-def plot(curve: Dict[str, List[float]], sizes: List[int], path: Path) -> None:
+def plot(curve: Dict[str, Dict[int, float]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,11 +91,14 @@ def plot(curve: Dict[str, List[float]], sizes: List[int], path: Path) -> None:
     styles = {"a_mmt_command": "o-", "b_floor_command": "o--", "c_mmt_probe": "s-", "d_floor_torch": "s--"}
     figure, axes = plt.subplots(figsize=(7, 4.2))
     for key, label in labels.items():
-        axes.plot(sizes, curve[key], styles[key], label=label)
+        if key in curve:
+            sizes = sorted(curve[key])
+            axes.plot(sizes, [curve[key][n] for n in sizes], styles[key], label=label)
+    ticks = sorted({n for series in curve.values() for n in series})
     axes.set_xlabel("nodes (simulated, one 2-core host)")
     axes.set_ylabel("seconds, submit to exit (median)")
     axes.set_xscale("log", base=2)
-    axes.set_xticks(sizes, [str(n) for n in sizes])
+    axes.set_xticks(ticks, [str(n) for n in ticks])
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
     axes.set_title("mmt on SLURM against the floor, by job size")
@@ -104,19 +111,25 @@ def plot(curve: Dict[str, List[float]], sizes: List[int], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--sizes", default="4,16,64", help="nodes per job, comma-separated")
+    parser.add_argument("--sizes", default="4,16,64", help="nodes per job of the command job, comma-separated")
+    parser.add_argument(
+        "--probe-sizes",
+        default="4,8,16",
+        help="nodes per job of the probe (each node imports torch: 64 at once take this 2-core host 245 s)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--plot", type=Path, help="draw the curve here (PNG)")
     args = parser.parse_args()
     if shutil.which("sbatch") is None:
         sys.exit('no SLURM cluster: MMT_SLURM_NODES=64 scripts/slurm_cluster.sh start && eval "$(... env)"')
-    sizes = [int(n) for n in args.sizes.split(",")]
+    sizes = [int(n) for n in args.sizes.split(",") if n]
+    probe_sizes = [int(n) for n in args.probe_sizes.split(",") if n]
     figures: Dict[str, object] = {}
-    curve: Dict[str, List[float]] = {}
-    for nodes in sizes:
+    curve: Dict[str, Dict[int, float]] = {}
+    for nodes in sorted(set(sizes) | set(probe_sizes)):
         scratch = Path(tempfile.mkdtemp(prefix="mmt-bench-scale-"))
         try:
-            found, ratios = variants(nodes)
+            found, ratios = variants(nodes, nodes in sizes, nodes in probe_sizes)
             times = alternate(found, args.rounds, scratch, settle=slurm_idle)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -125,14 +138,16 @@ def main() -> None:
         medians = result["median_s"]
         assert isinstance(medians, dict)
         for name, median in medians.items():
-            curve.setdefault(name.rsplit("_", 1)[0], []).append(median)
-    slopes = {name: round(slope(sizes, seconds), 4) for name, seconds in curve.items()}
+            curve.setdefault(name.rsplit("_", 1)[0], {})[nodes] = median
+    slopes = {
+        name: round(slope(sorted(series), [series[n] for n in sorted(series)]), 4) for name, series in curve.items()
+    }
     print("seconds per added node  " + "  ".join(f"{name} = {value:.4f}" for name, value in slopes.items()))
     figures["slope_s_per_node"] = slopes
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     if args.plot:
-        plot(curve, sizes, args.plot)
+        plot(curve, args.plot)
 
 
 if __name__ == "__main__":
