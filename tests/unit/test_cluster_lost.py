@@ -90,10 +90,12 @@ sender = threading.Thread(target=send)
 registry = Registry()
 began = time.monotonic()
 sender.start()
+console = Console()
 report = engine.launch(_jobs(sweep, 1), Unanswering(FakeSettings(scripts={0: Script(polls=10**9)})),
-                       engine.LaunchOptions(sweep_dir=sweep, registry=registry), Console())
+                       engine.LaunchOptions(sweep_dir=sweep, registry=registry), console)
 took = time.monotonic() - began - 0.3 * len(signals)
 sender.join()
+console.close()  # its last lines written before the figures' line, never into it
 record = registry.require(report.unconfirmed[0]) if report.unconfirmed else None
 print(json.dumps(dict(interrupted_by=report.interrupted_by, jobs=len(report.jobs), unconfirmed=report.unconfirmed,
                       took=took, detached=record.detached if record else None, state=record.state if record else None)))
