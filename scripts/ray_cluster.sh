@@ -34,6 +34,9 @@
 #     `fail-node` find exactly them (Ray renames many of its processes: ray::IDLE, ray::DashboardAgent ...).
 #   * Ray's health checks are tightened (1 s period, 3 failures), so that a lost node is declared dead in
 #     seconds, not the default 15+ s.
+#   * Workers at niceness 0 (RAY_worker_niceness=0), not Ray's 15: on one shared host (CI runs other tests beside
+#     the Ray tests), nice-15 workers got a thirtieth of a core behind them, and a node agent took 150 s instead of
+#     6 s to import torch. On a real cluster a node's workers compete only with Ray's own daemons.
 #   * No log monitors (--include-log-monitor=false): every node's would scan the one logs dir all nodes share
 #     here (a seventh of a core, idle); workers' output is not streamed to drivers (mmt's ranks write their own
 #     logs in the job dir, and a job's driver log is Ray's own: `ray job logs`).
@@ -148,7 +151,7 @@ start_worker() {
     local n=$1 ip
     ip=$(worker_ip "$n")
     log "worker $n: $ip ($CPUS CPUs)"
-    TEST_RAY_NODE=$ip "$BIN/ray" start --address="$HEAD:$PORT" --node-ip-address="$ip" --num-cpus="$CPUS" \
+    TEST_RAY_NODE=$ip RAY_worker_niceness=0 "$BIN/ray" start --address="$HEAD:$PORT" --node-ip-address="$ip" --num-cpus="$CPUS" \
         --num-gpus=0 --temp-dir="$BASE" --object-store-memory=$((100 * 1024 * 1024)) \
         --dashboard-agent-listen-port=$((52365 + n)) --min-worker-port=$((7000 + 200 * n)) \
         --max-worker-port=$((7199 + 200 * n)) --include-log-monitor=false --disable-usage-stats \

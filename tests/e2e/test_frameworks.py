@@ -159,7 +159,8 @@ def test_the_guides_snippet_in_a_job_that_does_not_say_it_is_tensorflow_fails_na
     assert said.startswith("FrameworkAddressError: the command runs TensorFlow with a TF_CONFIG it built itself"), said
     assert "HINT: set hydra.launcher.framework=tensorflow" in said and "\n" not in said, said
     assert said in done.stderr  # the launcher's own report names it too
-    assert result["duration_s"] < 30, result["duration_s"]
+    # far below the time limit (300 s); 40 s once on CI's loaded host, where two TensorFlow imports took most of it
+    assert result["duration_s"] < 120, result["duration_s"]
 
 
 # ------------------------------------------------------------------------------------------------ JAX
