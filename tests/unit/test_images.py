@@ -208,6 +208,8 @@ def test_an_image_is_asked_once_and_its_answer_kept_by_its_id(tmp_path, monkeypa
     monkeypatch.setenv("MMT_HOME", str(tmp_path))
     runtime = _Runtime(FULL)
     monkeypatch.setattr(images.subprocess, "run", runtime)
+    # the runtime is as installed as its answers are made up: the unit tier runs before CI installs podman
+    monkeypatch.setattr(images.shutil, "which", lambda name: f"/usr/bin/{name}")
     plan = local_plan(image="img:1", command=None, preload=("torch",))
     images._image_facts.cache_clear()
     assert images.problems(plan, images.ContainerSettings()) == []

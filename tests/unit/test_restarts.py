@@ -12,6 +12,7 @@ import pytest
 from helpers.fake_backend import FakeBackend, FakeSettings, Script, launcher_cfg
 from helpers.plans import local_plan
 from helpers.sbatch import ATTEMPT, render, sbatch_plan, slurm_settings
+from mmt.backends.slurm import backend as slurm_backend
 from mmt.backends.slurm.backend import SlurmBackend
 from mmt.core import rank_env, stacks
 from mmt.core.errors import ConfigError
@@ -140,7 +141,11 @@ def test_the_settings_reach_the_plan_and_every_rank(tmp_path: Path) -> None:
     assert kept == {"A": "1"}
 
 
-def test_slurm_restarts_inside_the_allocation_and_watches_hangs_where_an_agent_runs() -> None:
+def test_slurm_restarts_inside_the_allocation_and_watches_hangs_where_an_agent_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # SLURM's commands as if on PATH: the unit tier runs before CI starts the test cluster
+    monkeypatch.setattr(slurm_backend.shutil, "which", lambda name: f"/usr/bin/{name}")
     watched = sbatch_plan(max_restarts=2, hang_timeout_s=600.0)
     assert SlurmBackend(slurm_settings()).problems(watched) == []  # each node's agent watches
     per_rank = SlurmBackend(slurm_settings(tasks="per_rank"))
