@@ -151,8 +151,8 @@ start_worker() {
     local n=$1 ip
     ip=$(worker_ip "$n")
     log "worker $n: $ip ($CPUS CPUs)"
-    TEST_RAY_NODE=$ip RAY_worker_niceness=0 "$BIN/ray" start --address="$HEAD:$PORT" --node-ip-address="$ip" --num-cpus="$CPUS" \
-        --num-gpus=0 --temp-dir="$BASE" --object-store-memory=$((100 * 1024 * 1024)) \
+    TEST_RAY_NODE=$ip RAY_worker_niceness=0 "$BIN/ray" start --address="$HEAD:$PORT" --node-ip-address="$ip" \
+        --num-cpus="$CPUS" --num-gpus=0 --temp-dir="$BASE" --object-store-memory=$((100 * 1024 * 1024)) \
         --dashboard-agent-listen-port=$((52365 + n)) --min-worker-port=$((7000 + 200 * n)) \
         --max-worker-port=$((7199 + 200 * n)) --include-log-monitor=false --disable-usage-stats \
         >"$BASE/start-worker$n.log" 2>&1 ||
