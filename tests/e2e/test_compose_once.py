@@ -1,5 +1,6 @@
-"""Each job of a sweep is composed once: a real sweep under Hydra, its config loader counting compositions.
-(The mechanism on its own: tests/unit/test_compose_once.py.)"""
+"""Each job of a sweep is composed once at most: a real sweep under Hydra, its config loader counting compositions.
+Jobs that differ from a sibling in plain values only are derived from its config, not composed by Hydra at all.
+(The mechanisms on their own: tests/unit/test_compose_once.py, tests/unit/test_sibling_compose.py.)"""
 
 import subprocess
 import sys
@@ -35,7 +36,7 @@ if __name__ == "__main__":
 """
 
 
-def test_a_sweep_composes_each_job_once_and_every_job_gets_its_own_config(tmp_path, tag):
+def test_a_sweep_composes_each_job_once_at_most_and_every_job_gets_its_own_config(tmp_path, tag):
     app = tmp_path / "app.py"
     app.write_text(APP)
     counter = tmp_path / "counting.py"
@@ -56,7 +57,7 @@ def test_a_sweep_composes_each_job_once_and_every_job_gets_its_own_config(tmp_pa
     assert "COMPOSED 6" in basic.stdout
     mmt = run("hydra/launcher=mmt_local")
     assert mmt.returncode == 0, mmt.stderr[-2000:]
-    assert "COMPOSED 3" in mmt.stdout
+    assert "COMPOSED 1" in mmt.stdout  # x=1 by Hydra; x=2 and x=3 from its config
     values = [r["return_value"] for r in results(tmp_path / "sweep")]
     assert [v["x"] for v in values] == [1.0, 2.0, 3.0]
     assert [v["num"] for v in values] == [0, 1, 2] and len({v["id"] for v in values}) == 3

@@ -6,6 +6,9 @@ a job here, so a 1,000-job grid pays close to a minute for nothing). Both calls 
 the same master config and overrides, and give the same config: Hydra copies the master's resolver cache (``now``
 ...) into each. So the loader keeps the last config it composed for each job, and the launcher takes it.
 
+A job whose overrides differ from a sibling's in plain values only is not composed by Hydra at all: its config is
+the sibling's, with those values set (``mmt.launching.sibling_compose``).
+
 A kept config is taken once (the launcher changes the config it gets: the job's id and output dir); the launcher
 composes a fresh one for a job nobody checked, or for a second job with the same overrides. What a batch left is
 dropped when its launch ends.
@@ -18,6 +21,8 @@ sweep's planning would grow with the square of its size).
 import copy
 from typing import Any, Dict, Sequence, Tuple
 
+from mmt.launching.sibling_compose import SiblingComposer
+
 _Key = Tuple[int, Tuple[str, ...]]
 
 
@@ -25,7 +30,8 @@ class ComposeOnce:
     """Wraps a Hydra ``ConfigLoader``'s ``load_sweep_config`` in place, so that every caller's result is kept."""
 
     def __init__(self, loader: Any) -> None:
-        self.compose = loader.load_sweep_config
+        self.hydra_compose = loader.load_sweep_config
+        self.siblings = SiblingComposer(loader)
         self.kept: Dict[_Key, Any] = {}
 
     @classmethod
@@ -46,20 +52,32 @@ class ComposeOnce:
     def __deepcopy__(self, memo: Dict[int, Any]) -> "ComposeOnce":
         twin = ComposeOnce.__new__(ComposeOnce)
         memo[id(self)] = twin
-        twin.compose, twin.kept = copy.deepcopy(self.compose, memo), {}
+        twin.hydra_compose, twin.kept = copy.deepcopy(self.hydra_compose, memo), {}
+        twin.siblings = SiblingComposer(copy.deepcopy(self.siblings.loader, memo))
         return twin
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {"compose": self.compose, "kept": {}}
+        return {"hydra_compose": self.hydra_compose, "siblings": self.siblings, "kept": {}}
+
+    def compose(self, master_config: Any, overrides: Sequence[str]) -> Any:
+        """The job's config: derived from a sibling's where only plain values differ, else composed by Hydra."""
+        config = self.siblings.derive(master_config, overrides)
+        if config is None:
+            config = self.hydra_compose(master_config, list(overrides))
+            self.siblings.learn(master_config, overrides, config)
+        return config
 
     def load_sweep_config(self, master_config: Any, sweep_overrides: Sequence[str]) -> Any:
-        config = self.compose(master_config, list(sweep_overrides))
+        config = self.compose(master_config, sweep_overrides)
         self.kept[self._key(master_config, sweep_overrides)] = config
         return config
 
     def take(self, master_config: Any, overrides: Sequence[str]) -> Any:
         config = self.kept.pop(self._key(master_config, overrides), None)
-        return config if config is not None else self.compose(master_config, list(overrides))
+        if config is None:
+            config = self.compose(master_config, overrides)
+        self.siblings.taken(config)
+        return config
 
 
 def compose_job(loader: Any, master_config: Any, overrides: Sequence[str]) -> Any:
@@ -75,3 +93,4 @@ def forget(loader: Any) -> None:
     wrapper = getattr(loader, "_mmt_compose_once", None)
     if isinstance(wrapper, ComposeOnce):
         wrapper.kept.clear()
+        wrapper.siblings.forget()
