@@ -8,8 +8,8 @@ At each size N (``--sizes``, default 4,16,64), alternating within a round, media
     (d) its floor, one torch import per node:        srun -N N --ntasks-per-node=1 python -c "import torch"
 
 The probe runs at its own sizes (``--probe-sizes``, default 4,8,16): each of its nodes imports torch, and 64 imports
-at once take this 2-core host 245 s (10 GB), so 64 is left to hosts with cores to match. The cluster must have at
-least the largest N nodes (``MMT_SLURM_NODES=64 scripts/slurm_cluster.sh start``); every
+at once take this 2-core host 70-100 s a run (245 s cold; 10 GB at the peak): ``--probe-sizes 64`` runs it there.
+The cluster must have at least the largest N nodes (``MMT_SLURM_NODES=64 scripts/slurm_cluster.sh start``); every
 size runs on that one cluster (a small job costs the same on a big cluster: bench_slurm.py --other-cluster). The
 report gives each ratio, and the slope per added node (least squares over the sizes) of mmt and of the floor;
 ``--plot`` draws the curve (matplotlib).
@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument(
         "--probe-sizes",
         default="4,8,16",
-        help="nodes per job of the probe (each node imports torch: 64 at once take this 2-core host 245 s)",
+        help="nodes per job of the probe (each node imports torch: 64 at once take this 2-core host 70-100 s)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--plot", type=Path, help="draw the curve here (PNG)")
