@@ -61,11 +61,7 @@ class ComposeOnce:
 
     def compose(self, master_config: Any, overrides: Sequence[str]) -> Any:
         """The job's config: derived from a sibling's where only plain values differ, else composed by Hydra."""
-        config = self.siblings.derive(master_config, overrides)
-        if config is None:
-            config = self.hydra_compose(master_config, list(overrides))
-            self.siblings.learn(master_config, overrides, config)
-        return config
+        return self.siblings.compose(master_config, overrides, self.hydra_compose)
 
     def load_sweep_config(self, master_config: Any, sweep_overrides: Sequence[str]) -> Any:
         config = self.compose(master_config, sweep_overrides)

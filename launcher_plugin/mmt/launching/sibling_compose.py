@@ -17,7 +17,7 @@ says why). ``tests/unit/test_sibling_compose.py`` holds every job of a set of sw
 
 import copy
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -84,9 +84,7 @@ class SiblingComposer:
             and not self.loader.repository.group_exists(key)
         )
 
-    def _key(self, master: Any, parsed: Optional[List[Override]]) -> Optional[Tuple[int, _Shape]]:
-        if parsed is None:
-            return None
+    def _key(self, master: Any, parsed: List[Override]) -> Optional[Tuple[int, _Shape]]:
         keys = [o.key_or_group for o in parsed]
         if len(set(keys)) != len(keys):
             return None
@@ -101,15 +99,23 @@ class SiblingComposer:
             self.templates[key] = template
         return template
 
-    def derive(self, master: Any, overrides: Sequence[str]) -> Optional[DictConfig]:
-        """The job's config from a sibling of the same shape, or None when Hydra must compose it."""
+    def compose(self, master: Any, overrides: Sequence[str], hydra_compose: Callable[[Any, List[str]], Any]) -> Any:
+        """The job's config: derived from a sibling of the same shape, else ``hydra_compose``'s (kept for the
+        siblings of its shape)."""
         if not self.enabled:
-            return None
+            return hydra_compose(master, list(overrides))
         parsed = self._parse(overrides)
-        key = self._key(master, parsed)
+        key = None if parsed is None else self._key(master, parsed)
         template = None if key is None else self._template(key, master)
-        if template is None or parsed is None:
-            return None
+        config = None if template is None or parsed is None else self._derive(template, master, parsed)
+        if config is None:
+            config = hydra_compose(master, list(overrides))
+            if parsed is not None and key is not None:
+                self._learn(key, master, parsed, config)
+        return config
+
+    def _derive(self, template: _Template, master: Any, parsed: List[Override]) -> Optional[DictConfig]:
+        """The template's config with this job's plain values, or None when Hydra must compose it."""
         changed = [o for o, before in zip(parsed, template.overrides) if o.input_line != before.input_line]
         choices = template.config.hydra.runtime.choices
         if any(o.key_or_group in choices for o in changed):  # a group only a searchpath override adds
@@ -118,20 +124,16 @@ class SiblingComposer:
         try:
             for override in changed:
                 _set(config, override)
-            _set_override_records(config, master, parsed)
+            _set_override_records(config, parsed)
         except Exception:  # e.g. a value a typed node refuses: Hydra composes the job, and says so in its words
             return None
         OmegaConf.copy_cache(from_config=master, to_config=config)
         return config
 
-    def learn(self, master: Any, overrides: Sequence[str], config: DictConfig) -> None:
+    def _learn(self, key: Tuple[int, _Shape], master: Any, parsed: List[Override], config: DictConfig) -> None:
         """Keep a config Hydra composed, for the siblings of its shape: as it is, or a copy when a launcher took
         one of its shape before a sibling came."""
-        if not self.enabled:
-            return
-        parsed = self._parse(overrides)
-        key = self._key(master, parsed)
-        if parsed is None or key is None or key in self.templates or len(self.templates) >= MAX_TEMPLATES:
+        if key in self.templates or len(self.templates) >= MAX_TEMPLATES:
             return
         owned = key in self.seen
         self.templates[key] = _Template(master, tuple(parsed), copy.deepcopy(config) if owned else config, owned)
@@ -157,7 +159,7 @@ def _set(config: DictConfig, override: Override) -> None:
     OmegaConf.update(config, override.key_or_group, override.value(), merge=True, force_add=force_add)
 
 
-def _set_override_records(config: DictConfig, master: Any, parsed: List[Override]) -> None:
+def _set_override_records(config: DictConfig, parsed: List[Override]) -> None:
     """``hydra.overrides.task`` and ``hydra.job.override_dirname``, as Hydra's composition sets them (the hydra
     overrides, the master's and the job's, are the sibling's already)."""
     task = [o for o in parsed if not o.is_hydra_override()]
