@@ -207,6 +207,10 @@ class Backend(JobTracker[H]):
         for submission in submissions:
             yield [(submission, self.submit(submission))]
 
+    #: whether it runs a job with roles (roles.<name>.*, docs/roles.md); one that does not refuses such a job
+    #: before anything starts (:func:`roles_problems`)
+    runs_roles: ClassVar[bool] = False
+
     # whether warm_up starts anything (the local host agent): the front end then works out what it may preload
     warms_up: ClassVar[bool] = False
 
@@ -217,3 +221,17 @@ class Backend(JobTracker[H]):
     def owner_active(self, owner: OwnerRecord) -> bool:
         """Whether the launch recorded in a job dir's owner.json still runs, its launcher gone (a SLURM job)."""
         return False
+
+
+def roles_problems(backend: Backend[Any], plan: JobPlan) -> List[ConfigError]:
+    """A job with roles on a backend that does not run them: one line naming the roles and who does."""
+    if not plan.roles or backend.runs_roles:
+        return []
+    return [
+        ConfigError(
+            "roles",
+            ", ".join(role.name for role in plan.roles),
+            f"cluster={backend.name} does not run a job with roles yet",
+            "run it with cluster=local, or each role as a job of its own",
+        )
+    ]

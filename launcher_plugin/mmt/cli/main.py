@@ -3,7 +3,7 @@
 mmt run --name N --num-machines K --machine T4 --command "python train.py" [--image I] [-e KEY=VALUE ...]
         [--cluster local|slurm|ray|<backend>|<site>] [--detach] [--dry-run] [--dashboard]
 mmt list [--all] [--json]          mmt inspect NAME [--json]
-mmt logs NAME [-f] [--rank R] [--tail N]
+mmt logs NAME [-f] [--rank R] [--role ROLE] [--tail N]
 mmt stop NAME                      mmt wait NAME [--timeout S]
 mmt delete NAME                    mmt dashboard [DIR ...] [--port P]
 """
@@ -69,7 +69,7 @@ _FLAG_OF = {
         "after": "--after",
         "name": "--name",
     },
-    "logs": {"rank": "--rank", "tail": "--tail"},
+    "logs": {"rank": "--rank", "tail": "--tail", "role": "--role"},
 }
 
 
@@ -196,6 +196,7 @@ def _view_arguments(
     logs.add_argument("name")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     logs.add_argument("--rank", type=int, default=0, help="global rank (per-node command jobs: the machine)")
+    logs.add_argument("--role", help="a job with roles: the role whose rank --rank names (default: the primary)")
     logs.add_argument("--tail", type=int, help="only the last N lines (N >= 1; with -f: then follow)")
     logs.add_argument(
         "--raw",
@@ -434,7 +435,7 @@ def _logs(args: argparse.Namespace) -> int:
     from mmt.service import logs as log_files
 
     job = Job.get(args.name)
-    path, start = job.log_start(args.rank, args.tail)
+    path, start = job.log_start(args.rank, args.tail, args.role)
     if args.raw and not args.follow:
         if path.exists():
             for data in log_files.chunks(path, start):

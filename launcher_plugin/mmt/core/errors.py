@@ -66,6 +66,10 @@ class RankFailure:
     whole_node: bool = False
     # every process exited 0, but the primary process reported no result
     missing_result: bool = False
+    # a job with roles: the failed process's role (rank and node_rank are then that role's own)
+    role: Optional[str] = None
+    # a role whose processes may not end before the primary role's (early_exit=fail) ended first, cleanly
+    ended_early: bool = False
 
     def describe(self) -> str:
         if self.missing_result:
@@ -78,13 +82,20 @@ class RankFailure:
             how = f"exited with code {self.exit_code}"
             if self.exit_code is not None and self.exit_code > 128:
                 how += f" (128+{self.exit_code - 128}: killed by a signal in a wrapper, e.g. the OOM killer)"
+        if self.ended_early:
+            how = f"exited before the primary role ended (code {self.exit_code}; the role's early_exit=fail)"
+        role = f"role {self.role} " if self.role else ""
         if self.whole_node:
-            return f"the command on node {self.node_rank} {how}"
-        return f"rank {self.rank} (node {self.node_rank}) {how}"
+            return f"the command on {role}node {self.node_rank} {how}"
+        return f"{role}rank {self.rank} (node {self.node_rank}) {how}"
 
     def brief(self) -> str:
         """Who failed and how, in a few words (``rank 1 exited with code 5``): a status line's, not the report's."""
         who = f"node {self.node_rank}" if self.whole_node else f"rank {self.rank}"
+        if self.role:
+            who = f"role {self.role} {who}"
+        if self.ended_early:
+            return f"{who} ended before the primary role"
         if self.missing_result:
             return f"{who} reported no result"
         if self.signal:

@@ -126,7 +126,14 @@ def process_log_name(node_rank: int, rank: int, per_node: bool) -> str:
 
 # the names above and node_metrics' below, as readers of a job dir match them (groups: node, rank)
 LOG_NAME = re.compile(r"node(\d{1,6})(?:\.rank(\d{1,7}))?\.log")
+# a process log of a job with roles, by its role's dir (logs/<role>/node<n>.rank<r>.log), as the page names it
+ROLE_LOG_NAME = re.compile(r"([a-z][a-z0-9_]{0,30})/" + LOG_NAME.pattern)
 METRICS_NAME = re.compile(r"node(\d{1,6})\.jsonl")
+
+
+def _holds_logs(path: Path) -> bool:
+    """A role's logs dir: a dir with a process log in it."""
+    return path.is_dir() and any(LOG_NAME.fullmatch(p.name) for p in path.iterdir())
 
 
 @dataclass(frozen=True)
@@ -145,6 +152,15 @@ class JobDir:
 
     def log(self, node_rank: int, rank: int, per_node: bool) -> Path:
         return self.logs / process_log_name(node_rank, rank, per_node)
+
+    @property
+    def roles_file(self) -> Path:
+        """A job with roles: where every role is (``MMT_ROLES_FILE``), written before any rank starts."""
+        return self.root / "roles.json"
+
+    def role_log(self, role: str, node_rank: int, rank: int, per_node: bool) -> Path:
+        """A process of a job with roles: ``logs/<role>/node<n>.rank<r>.log``, in its role's own numbering."""
+        return self.logs / role / process_log_name(node_rank, rank, per_node)
 
     @property
     def stacks(self) -> Path:
@@ -176,15 +192,17 @@ class JobDir:
         claim, before the new attempt starts a process. Returns where they went; None when there were none."""
         try:
             found = sorted(p for p in self.logs.iterdir() if LOG_NAME.fullmatch(p.name) and p.is_file())
+            # a job with roles: each role's logs in a dir of its own (logs/<role>/)
+            roles = sorted(p for p in self.logs.iterdir() if p != self.previous_logs and _holds_logs(p))
         except OSError:  # no logs/ yet
             return None
-        if not found:
+        if not found and not roles:
             return None
         target, n = self.previous_logs / label, 1
         while target.exists():
             target, n = self.previous_logs / f"{label}.{n}", n + 1
         target.mkdir(parents=True)
-        for path in found:
+        for path in found + roles:
             os.replace(path, target / path.name)
         stacks = sorted(self.stacks.glob("*.txt"))  # a hang's stacks go with the logs they explain
         if stacks:

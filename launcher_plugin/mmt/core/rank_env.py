@@ -101,6 +101,22 @@ MMT_JOB_DIR = "MMT_JOB_DIR"
 MMT_JOB_ID = "MMT_JOB_ID"
 # a command's container (a local job with an image): the JSON argv that runs a program in the rank's node container
 MMT_CONTAINER_EXEC = "MMT_CONTAINER_EXEC"
+# a job with roles (docs/roles.md): the process's role, every role's name (primary first), the JSON file that says
+# where each role is; and per role MMT_ROLE_<NAME>_ADDRS (its nodes' addresses) and MMT_ROLE_<NAME>_PORT (a port held
+# for it to serve on, on its node 0)
+MMT_ROLE = "MMT_ROLE"
+MMT_ROLES = "MMT_ROLES"
+MMT_ROLES_FILE = "MMT_ROLES_FILE"
+
+
+def role_addrs_var(role: str) -> str:
+    return f"MMT_ROLE_{role.upper()}_ADDRS"
+
+
+def role_port_var(role: str) -> str:
+    return f"MMT_ROLE_{role.upper()}_PORT"
+
+
 # the job's batch plan (only when the recipe states batch.global_size)
 MMT_GLOBAL_BATCH_SIZE = "MMT_GLOBAL_BATCH_SIZE"
 MMT_MICRO_BATCH_SIZE = "MMT_MICRO_BATCH_SIZE"
@@ -140,6 +156,9 @@ RESERVED = frozenset(
         MMT_GLOBAL_BATCH_SIZE,
         MMT_MICRO_BATCH_SIZE,
         MMT_GRAD_ACCUM,
+        MMT_ROLE,
+        MMT_ROLES,
+        MMT_ROLES_FILE,
         *(name for names in PER_NODE_TOPOLOGY.values() for name in names),
     }
 )

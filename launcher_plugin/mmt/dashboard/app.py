@@ -113,7 +113,7 @@ def create_app(
         if root is None:
             return _error(404, "unknown job")
         name = request.query_params.get("name", "")
-        if not data.LOG_NAME.fullmatch(name):
+        if not data.is_log_name(name):
             return _error(400, "name: expected one of the job's logs, e.g. node0.rank0.log")
         try:
             offset = _query_number(request, "offset", int)

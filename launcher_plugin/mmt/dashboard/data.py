@@ -18,17 +18,28 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import yaml
 
-from mmt.core.jobdir import LOG_NAME, LOGS, METRICS, METRICS_NAME, PRIVATE, RESULT, TRAINING_METRICS, JobDir
+from mmt.core.jobdir import (
+    LOG_NAME,
+    LOGS,
+    METRICS,
+    METRICS_NAME,
+    PRIVATE,
+    RESULT,
+    ROLE_LOG_NAME,
+    TRAINING_METRICS,
+    JobDir,
+)
 from mmt.records import training
 from mmt.records.node_metrics import parse_samples
 from mmt.records.restarts import PendingRestart
 from mmt.records.result_view import ResultView
+from mmt.records.roles_file import read_roles
 from mmt.records.scheduler import SchedulerRecord, scheduler_record_of
 from mmt.records.schema import EarlierRun
 
@@ -279,6 +290,13 @@ class LogFile:
     name: str
     node: int
     rank: int | None  # None: a per-node command's log
+    # a job with roles: the role (its logs are logs/<role>/..., numbered in the role's own world)
+    role: str | None = None
+
+
+def is_log_name(name: str) -> bool:
+    """A name the page may ask for: ``node0.rank0.log``, or a role's ``trainer/node0.rank0.log``."""
+    return bool(LOG_NAME.fullmatch(name) or ROLE_LOG_NAME.fullmatch(name))
 
 
 def log_files(root: Path) -> list[LogFile]:
@@ -292,19 +310,46 @@ def log_files(root: Path) -> list[LogFile]:
         return []
     found = []
     for entry in entries:
+        if entry.is_dir(follow_symlinks=False) and entry.name != "previous":
+            found += [replace(f, name=f"{entry.name}/{f.name}", role=entry.name) for f in _logs_in(root, entry.name)]
+    found += _logs_in(root, None, entries)
+    roles = [f.role for f in found]
+    # the primary role first: its rank 0 is the job's, whose log the roles file names first
+    order = {role: i for i, role in enumerate(_role_order(root) or sorted(set(r for r in roles if r)))}
+    return sorted(
+        found, key=lambda f: (-1 if f.role is None else order.get(f.role, 99), f.node, -1 if f.rank is None else f.rank)
+    )
+
+
+def _role_order(root: Path) -> list[str]:
+    roles = read_roles(root)
+    return [shape.name for shape in roles] if roles else []
+
+
+def _logs_in(root: Path, role: str | None, entries: list[os.DirEntry] | None = None) -> list[LogFile]:
+    """The process logs in ``logs/`` (or a role's ``logs/<role>/``)."""
+    parts = (LOGS,) if role is None else (LOGS, role)
+    if entries is None:
+        where = inside(root, *parts)
+        try:
+            entries = list(os.scandir(where)) if where is not None else []
+        except OSError:
+            return []
+    found = []
+    for entry in entries:
         match = LOG_NAME.fullmatch(entry.name)
         if not match:
             continue
-        path = inside(root, LOGS, entry.name)
+        path = inside(root, *parts, entry.name)
         if path is None or not path.is_file():
             continue
         found.append(LogFile(entry.name, int(match[1]), int(match[2]) if match[2] is not None else None))
-    return sorted(found, key=lambda f: (f.node, -1 if f.rank is None else f.rank))
+    return found
 
 
 def log_path(root: Path, name: str) -> Path | None:
     """The log file ``name`` of the job, only if it is one of the job's own listed logs."""
-    if not LOG_NAME.fullmatch(name) or name not in {f.name for f in log_files(root)}:
+    if not is_log_name(name) or name not in {f.name for f in log_files(root)}:
         return None
     return inside(root, LOGS, name)
 
@@ -457,7 +502,7 @@ def job_detail(job_id: str, root: Path) -> dict[str, Any]:
             "path": str(root),
             "error": result.error if result else None,
             "failure": result.failure if result else None,
-            "logs": [{"name": f.name, "node": f.node, "rank": f.rank} for f in log_files(root)],
+            "logs": [{"name": f.name, "node": f.node, "rank": f.rank, "role": f.role} for f in log_files(root)],
             "metric_nodes": [node for node, _ in metrics_files(root)],
             "curves_version": _mtime_ns(root, TRAINING_METRICS),
             "return_value": result.return_value if result else None,

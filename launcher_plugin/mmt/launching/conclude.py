@@ -38,7 +38,13 @@ def conclude(item: Watched, outcome: JobOutcome, console: Console, registry: Opt
         if outcome.status == JobState.COMPLETED and primary is None:
             outcome.status, outcome.failure = JobState.FAILED, missing_result(plan)
         record = result_record(
-            plan, outcome, return_value_of(primary), attempt.id, started_at=item.started_at, ended_at=time.time()
+            plan,
+            outcome,
+            return_value_of(primary),
+            attempt.id,
+            started_at=item.started_at,
+            ended_at=time.time(),
+            attempt=attempt,
         )
         # the runs this process restarted, else those a restart inside a SLURM allocation recorded
         record = with_requeues(with_earlier_runs(record, item.earlier_runs or recorded(attempt)), attempt)

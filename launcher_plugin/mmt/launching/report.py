@@ -31,9 +31,13 @@ class SummaryRow:
     duration_s: Optional[float]
     metric: str
     note: str = ""
+    # a job with roles: each role's shape (``trainer 2 x 2 + scorer 1 x 1``)
+    shape: Optional[str] = None
 
     @property
     def topology(self) -> str:
+        if self.shape:
+            return self.shape
         return f"{self.num_nodes} x {self.devices}" if self.num_nodes else "-"
 
 
@@ -153,6 +157,7 @@ def _job_row(job: JobReport) -> SummaryRow:
         duration_s=outcome.duration_s,
         metric=metric["value"],
         note=note,
+        shape=plan.topology if plan.roles else None,
     )
 
 

@@ -121,7 +121,7 @@ def start_jobs(
             plan = job.plan
             console.write(
                 f"\t#{plan.num} {plan.name}: {' '.join(masked_overrides(plan.overrides, plan.secret_names))}"
-                f" ({plan.num_nodes} x {plan.devices})\n"
+                f" ({plan.topology})\n"
             )
             aside = opened.logs_aside.get(plan.num)
             if aside is not None:

@@ -5,11 +5,10 @@ concluding each job as it ends (or restarting it)."""
 import signal
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, List, Optional
 
 from mmt.backends.base import JobTracker
-from mmt.core.jobdir import WATCHED_FRESH_S, JobDir
+from mmt.core.jobdir import WATCHED_FRESH_S
 from mmt.core.states import ConsoleMode, JobState
 from mmt.launching.conclude import conclude
 from mmt.launching.console import Console, LogFollower
@@ -197,13 +196,18 @@ def _mark_detached(registry: Optional[Registry], names: List[str]) -> None:
 def _followers(plan: JobPlan, mode: ConsoleMode, console: Console) -> List[LogFollower]:
     if mode == ConsoleMode.none:
         return []
-    job_dir = JobDir(Path(plan.job_dir))
-    places = plan.places() if mode == ConsoleMode.all else plan.places()[:1]
-    return [
-        LogFollower(
-            job_dir.log(p.node_rank, p.rank, plan.per_node),
-            f"[#{plan.num} n{p.node_rank}" + ("" if plan.per_node else f" r{p.rank}") + "] ",
-            console,
-        )
-        for p in places
-    ]
+    indices = range(plan.process_count) if mode == ConsoleMode.all else range(1)
+    return [LogFollower(plan.log_path(i), _prefix(plan, i), console) for i in indices]
+
+
+def _prefix(plan: JobPlan, index: int) -> str:
+    """``[#3 n1 r2] ``: the job, node and rank of a followed line (with roles, the role's own numbering)."""
+    place, role = plan.place(index), plan.role_at(index) if plan.roles else None
+    per_node = plan.per_node if role is None else role.per_node
+    return (
+        f"[#{plan.num} "
+        + ("" if role is None else f"{role.name} ")
+        + f"n{place.node_rank}"
+        + ("" if per_node else f" r{place.rank}")
+        + "] "
+    )

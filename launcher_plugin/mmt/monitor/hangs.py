@@ -88,8 +88,7 @@ class HangWatch:
 
 def progress_paths(plan: JobPlan, attempt: Attempt) -> Tuple[Path, ...]:
     """What shows a job's progress: every process's log and heartbeat."""
-    job_dir = JobDir(Path(plan.job_dir))
-    logs = tuple(job_dir.log(p.node_rank, p.rank, plan.per_node) for p in plan.places())
+    logs = tuple(plan.log_path(i) for i in range(plan.process_count))
     return logs + tuple(attempt.heartbeat_file(i) for i in range(plan.process_count))
 
 
@@ -103,6 +102,9 @@ def hang_env(plan: JobPlan, attempt: Attempt, index: int) -> Dict[str, str]:
 def stack_files(plan: JobPlan) -> List[Path]:
     """Each process's stack file, by process index."""
     job_dir = JobDir(Path(plan.job_dir))
+    if plan.roles:  # each role numbers its own ranks: its name tells their stacks apart
+        logs = [plan.log_path(i).relative_to(job_dir.logs) for i in range(plan.process_count)]
+        return [job_dir.stacks / ".".join(log.with_suffix(".txt").parts) for log in logs]
     return [job_dir.stack_file(p.node_rank, p.rank, plan.per_node) for p in plan.places()]
 
 

@@ -1,9 +1,11 @@
 """Render a job plan as text: what ``hydra.launcher.dry_run=true`` prints instead of starting anything."""
 
 import json
-from typing import Dict, List
+from pathlib import Path
+from typing import Dict, List, Optional
 
-from mmt.planning.environment import Rendezvous, process_env
+from mmt.core.jobdir import JobDir
+from mmt.planning.environment import Rendezvous, RoleSite, process_env, role_env
 from mmt.planning.plan import JobPlan
 from mmt.planning.redact import MASK, masked_overrides
 
@@ -62,10 +64,11 @@ def _shortened(name: str, value: str) -> str:
     return value
 
 
-def _env_lines(plan: JobPlan) -> List[str]:
-    """The contract every process gets: shared values once, then each process's own values."""
+def _env_lines(plan: JobPlan, extra: Optional[Dict[str, str]] = None, node: str = "node") -> List[str]:
+    """The contract every process gets: shared values once, then each process's own values (``extra``: what every
+    process gets on top, a role's variables)."""
     # where the nodes are and which ports their frameworks get are known only at start: placeholders
-    addrs = tuple(f"<node{n}>" for n in range(plan.num_nodes))
+    addrs = tuple(f"<{node}{n}>" for n in range(plan.num_nodes))
     rendezvous = Rendezvous(
         master_addr="$MASTER_ADDR",
         master_port=0,
@@ -79,6 +82,7 @@ def _env_lines(plan: JobPlan) -> List[str]:
         env = process_env(
             plan, plan.place(index), rendezvous=rendezvous, inherited={}, copied=copied, cores_per_node=0, python=None
         )
+        env.update(extra or {})
         for name in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", *plan.secret_names):
             env.pop(name, None)
         return {name: _shortened(name, value) for name, value in env.items()}
@@ -114,7 +118,40 @@ def _no_batch(plan: JobPlan) -> str:
     return "(none: the recipe states no batch.global_size)"
 
 
+def _roles_lines(plan: JobPlan) -> List[str]:
+    """A job with roles: each role's nodes, what it runs and its processes' environment."""
+    sites = {
+        role.name: RoleSite(
+            Rendezvous("$MASTER_ADDR", 0, node_addrs=tuple(f"<{role.name}{n}>" for n in range(role.num_nodes))),
+            f"<{role.name}-port>",
+        )
+        for role in plan.roles
+    }
+    roles_file = str(JobDir(Path(plan.job_dir)).roles_file)
+    lines = [
+        "  roles      each its own world (its own MASTER_ADDR/PORT, RANK, WORLD_SIZE); <roleN> is node N of the role, "
+        "<role-port> the port held for it (set at start); the roles file says the same"
+    ]
+    for role in plan.roles:
+        own = plan.for_role(role)
+        lines += [
+            f"  role {role.name}"
+            + (" (primary: the job ends when it ends)" if role.primary else f" (early_exit={role.early_exit})")
+            + f": {role.num_nodes:,} nodes x {role.devices:,} devices = {role.world_size:,} ranks, runs {_runs(own)}",
+            *("  " + line for line in _env_lines(own, role_env(plan, role, sites, roles_file), role.name)),
+        ]
+    return lines
+
+
+def _runs(plan: JobPlan) -> str:
+    if plan.command is None:
+        return "the task function on every rank"
+    return f"{plan.command!r} " + ("once per node (it starts the node's ranks)" if plan.per_node else "once per rank")
+
+
 def render(plan: JobPlan, backend_lines: List[str]) -> str:
+    if plan.roles:
+        return _render_roles(plan, backend_lines)
     if plan.command is None:
         runs = "the task function on every rank"
     else:
@@ -134,5 +171,23 @@ def render(plan: JobPlan, backend_lines: List[str]) -> str:
         *backend_lines,
         *_cost_lines(plan),
         *_env_lines(plan),
+    ]
+    return "\n".join(lines)
+
+
+def _render_roles(plan: JobPlan, backend_lines: List[str]) -> str:
+    shapes = " + ".join(f"{role.name} {role.num_nodes:,} x {role.devices:,}" for role in plan.roles)
+    lines = [
+        f"{plan.label} ({plan.name}): "
+        f"{' '.join(masked_overrides(plan.overrides, plan.secret_names)) or '(no overrides)'}",
+        f"  topology   {shapes} = {plan.num_nodes:,} nodes, {plan.world_size:,} ranks",
+        f"  machine    {_machine_line(plan)}",
+        f"  image      {plan.image or '(none: this environment)'}",
+        f"  batch      {plan.batch.describe() if plan.batch else _no_batch(plan)} (the primary role's)",
+        f"  time limit {plan.timeout_s / 60:g} min",
+        f"  job dir    {plan.job_dir}",
+        *backend_lines,
+        *_cost_lines(plan),
+        *_roles_lines(plan),
     ]
     return "\n".join(lines)

@@ -11,10 +11,23 @@ topology hints) and the job's framework variables (``TF_CONFIG``, JAX's coordina
 import os
 import sys
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
-from mmt.core.rank_env import OMP_NUM_THREADS, RankPlace, contract_env, framework_threads, scrubbed, threads_per_rank
+from mmt.core.rank_env import (
+    MMT_ROLE,
+    MMT_ROLES,
+    MMT_ROLES_FILE,
+    OMP_NUM_THREADS,
+    RankPlace,
+    contract_env,
+    framework_threads,
+    role_addrs_var,
+    role_port_var,
+    scrubbed,
+    threads_per_rank,
+)
 from mmt.planning.plan import JobPlan
+from mmt.planning.roles import RolePlan
 
 # Warnings that are wrong in a process mmt started (see mmt.worker.guards): Lightning's advice to use srun (mmt
 # started the ranks, or ran them through srun), and its CSV logger's "not empty" about the job dir (mmt made it).
@@ -114,4 +127,62 @@ def process_env(
     env.update(contract)
     if plan.command is not None:  # a command's interpreters are not the worker's: they get the filters this way
         env["PYTHONWARNINGS"] = python_warnings(plan.job_dir, env.get("PYTHONWARNINGS"))
+    return env
+
+
+@dataclass(frozen=True)
+class RoleSite:
+    """Where one role of a job with roles is: its own rendezvous (its ranks' MASTER_ADDR/PORT, its nodes' addresses)
+    and the port held for it to serve on (``MMT_ROLE_<NAME>_PORT``; None in a dry run)."""
+
+    rendezvous: Rendezvous
+    port: Optional[Union[int, str]]
+
+    def addrs(self, role: RolePlan) -> Tuple[str, ...]:
+        return self.rendezvous.node_addrs or (self.rendezvous.master_addr,) * role.num_nodes
+
+
+def role_env(plan: JobPlan, role: RolePlan, sites: Mapping[str, RoleSite], roles_file: str) -> Dict[str, str]:
+    """What every process of ``role`` gets besides its role's rank contract: its role, and where every role is."""
+    env = {MMT_ROLE: role.name, MMT_ROLES: ",".join(r.name for r in plan.roles), MMT_ROLES_FILE: roles_file}
+    for other in plan.roles:
+        site = sites[other.name]
+        env[role_addrs_var(other.name)] = ",".join(site.addrs(other))
+        env[role_port_var(other.name)] = str(site.port)
+    return env
+
+
+def roles_document(plan: JobPlan, sites: Mapping[str, RoleSite]) -> Dict[str, Any]:
+    """The roles file (``MMT_ROLES_FILE``): every role's shape and where it is, written before any rank starts."""
+    return {
+        "job_id": plan.job_id,
+        "primary": plan.roles[0].name,
+        "roles": {
+            role.name: {
+                "primary": role.primary,
+                "num_nodes": role.num_nodes,
+                "devices": role.devices,
+                "world_size": role.world_size,
+                # a command run once per node: its logs are the nodes' (logs/<role>/node<n>.log)
+                "per_node": role.per_node,
+                "addrs": list(sites[role.name].addrs(role)),
+                "port": sites[role.name].port,
+                "master_addr": sites[role.name].rendezvous.master_addr,
+                "master_port": sites[role.name].rendezvous.master_port,
+            }
+            for role in plan.roles
+        },
+    }
+
+
+def role_process_env(
+    plan: JobPlan, index: int, *, sites: Mapping[str, RoleSite], roles_file: str, **kwargs: Any
+) -> Dict[str, str]:
+    """The full environment of process ``index`` of a job with roles: its role's own rank contract (the role as a
+    job of its own: ``JobPlan.for_role``), and the roles' variables. ``kwargs``: as :func:`process_env`'s."""
+    role = plan.role_at(index)
+    assert role is not None, f"process {index} of a job without roles"
+    own = plan.for_role(role)
+    env = process_env(own, own.place(index - role.first_index), rendezvous=sites[role.name].rendezvous, **kwargs)
+    env.update(role_env(plan, role, sites, roles_file))
     return env

@@ -3,17 +3,20 @@
 Backends only execute plans; the dry run only renders them (plan, then submit).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mmt.core.errors import ConfigError
+from mmt.core.jobdir import JobDir
 from mmt.core.rank_env import FRAMEWORK_NONE, FRAMEWORKS, TENSORFLOW, RankPlace, framework_port_count, topology_hints
 from mmt.planning import validate as check
 from mmt.planning.batch import BatchPlan, plan_batch
 from mmt.planning.machine import Machine, machine_from_config
+from mmt.planning.roles import JobDefaults, RolePlan, plan_roles
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,9 @@ class JobPlan:
     hang_timeout_s: Optional[float] = None
     # the jobs it waits for (hydra.launcher.after), as given: registered job names, or launch names
     after: Tuple[str, ...] = ()
+    # its roles (roles.<name>.*), the primary first; () for a job whose nodes are all alike. With roles, num_nodes
+    # counts every role's nodes, and the topology, command and env of the job's fields are the primary role's
+    roles: Tuple[RolePlan, ...] = ()
 
     @property
     def label(self) -> str:
@@ -80,6 +86,8 @@ class JobPlan:
 
     @property
     def world_size(self) -> int:
+        if self.roles:
+            return sum(role.world_size for role in self.roles)
         return self.num_nodes * self.devices
 
     @property
@@ -94,12 +102,56 @@ class JobPlan:
 
     @property
     def process_count(self) -> int:
+        if self.roles:
+            return sum(role.process_count for role in self.roles)
         return self.num_nodes * self.processes_per_node
+
+    @property
+    def topology(self) -> str:
+        """``2 x 2``; with roles, each role's: ``trainer 2 x 2 + scorer 1 x 1``."""
+        if self.roles:
+            return " + ".join(f"{role.name} {role.num_nodes} x {role.devices}" for role in self.roles)
+        return f"{self.num_nodes} x {self.devices}"
+
+    # ------------------------------------------------------------------------------------------ roles
+
+    def role_at(self, index: int) -> Optional[RolePlan]:
+        """The role of process ``index``; None for a job without roles."""
+        return next((role for role in self.roles if index in role.indices), None)
+
+    def role_named(self, name: str) -> RolePlan:
+        return next(role for role in self.roles if role.name == name)
+
+    def for_role(self, role: RolePlan) -> "JobPlan":
+        """The role as a job of its own: its topology, command and env (on top of the job's), so that its
+        processes get the rank contract of their own world. The recipe's batch plan is the primary role's."""
+        return replace(
+            self,
+            num_nodes=role.num_nodes,
+            devices=role.devices,
+            command=role.command,
+            command_mode=role.command_mode,
+            env={**self.env, **role.env},
+            batch=self.batch if role.primary else None,
+            preload=self.preload if role.command is None else (),
+            roles=(),
+        )
+
+    def log_path(self, index: int) -> Path:
+        """Process ``index``'s log: ``logs/node<n>.rank<r>.log``; with roles, in ``logs/<role>/``."""
+        job_dir = JobDir(Path(self.job_dir))
+        role = self.role_at(index)
+        if role is None:
+            place = self.place(index)
+            return job_dir.log(place.node_rank, place.rank, self.per_node)
+        own = self.for_role(role)
+        place = own.place(index - role.first_index)
+        return job_dir.role_log(role.name, place.node_rank, place.rank, own.per_node)
 
     @property
     def secret_names(self) -> Tuple[str, ...]:
         """Every variable whose value mmt hides: the user's env and the copied names."""
-        return tuple(self.env) + self.env_from
+        return tuple(self.env) + tuple(name for role in self.roles for name in role.env) + self.env_from
 
     def extra_env(self) -> Dict[str, str]:
         """What every process gets on top of the rank contract.
@@ -125,7 +177,11 @@ class JobPlan:
         return [0] if self.framework_port_count and node_rank == 0 else []
 
     def place(self, index: int) -> RankPlace:
-        """Process ``index`` (the global rank; per-node mode: the node) as a place in the job."""
+        """Process ``index`` (the global rank; per-node mode: the node) as a place in the job; with roles, in its
+        role's own world."""
+        role = self.role_at(index) if self.roles else None
+        if role is not None:
+            return self.for_role(role).place(index - role.first_index)
         node, local = divmod(index, self.processes_per_node)
         return RankPlace(node_rank=node, local_rank=local, num_nodes=self.num_nodes, local_world_size=self.devices)
 
@@ -134,11 +190,23 @@ class JobPlan:
         return [self.place(index) for index in range(self.process_count)]
 
     def node_indices(self, node_rank: int) -> range:
-        """The process indices that run on node ``node_rank``."""
+        """The process indices that run on node ``node_rank`` (with roles: the job's node index)."""
+        for role in self.roles:
+            if node_rank in role.nodes:
+                first = role.first_index + (node_rank - role.first_node) * role.processes_per_node
+                return range(first, first + role.processes_per_node)
         return range(node_rank * self.processes_per_node, (node_rank + 1) * self.processes_per_node)
 
     def describe_place(self, place: RankPlace) -> str:
         return f"node {place.node_rank}" if self.per_node else f"rank {place.rank} (node {place.node_rank})"
+
+    def describe_process(self, index: int) -> str:
+        """Process ``index`` in words: ``rank 3 (node 1)``; with roles, ``role scorer rank 0 (node 0)``."""
+        role = self.role_at(index) if self.roles else None
+        if role is None:
+            return self.describe_place(self.place(index))
+        own = self.for_role(role)
+        return f"role {role.name} {own.describe_place(own.place(index - role.first_index))}"
 
     def cost_estimate(self) -> Optional[float]:
         """Upper bound in USD: nodes x price per node-hour x time limit; None when the price is unknown."""
@@ -147,13 +215,13 @@ class JobPlan:
         return self.num_nodes * self.machine.price_per_hour * self.timeout_s / 3600.0
 
 
-def _devices(value: Any, machine: Machine) -> int:
+def _devices(value: Any, machine: Machine, key: str = "devices") -> int:
     if value is None:
         return machine.default_devices
-    devices = check.whole_number("devices", value, 1, "processes per node, e.g. devices=2")
+    devices = check.whole_number(key, value, 1, f"processes per node, e.g. {key}=2")
     if machine.gpus and devices > machine.gpus:
         raise ConfigError(
-            "devices",
+            key,
             devices,
             f"machine {machine.name!r} has {machine.gpus} GPUs per node",
             f"use devices<={machine.gpus} and more nodes (num_nodes=...), or a larger machine",
@@ -206,11 +274,32 @@ def plan_job(
     command = _command(launcher_cfg.command)
     num_nodes = check.whole_number("num_nodes", launcher_cfg.num_nodes, 1, "nodes per job, e.g. num_nodes=2")
     devices = _devices(launcher_cfg.devices, machine)
-    _within(limits, num_nodes, devices)  # before anything is planned per rank
+    framework, command_mode = _framework_and_mode(launcher_cfg, command, devices)
+    roles = _roles(launcher_cfg, machine, JobDefaults(num_nodes, devices, command, command_mode), framework)
+    env = check.env_vars("env", launcher_cfg.env)
+    if roles:  # the job's own fields become the primary role's; its node count, every role's
+        primary = roles[0]
+        num_nodes, devices, command, command_mode = (
+            sum(role.num_nodes for role in roles),
+            primary.devices,
+            primary.command,
+            primary.command_mode,
+        )
+        _within(limits, num_nodes, max(role.devices for role in roles))
+        if sum(role.world_size for role in roles) > limits.max_world:
+            raise ConfigError(
+                "roles",
+                ", ".join(role.name for role in roles),
+                f"{sum(role.world_size for role in roles):,} processes in all is more than the "
+                f"{limits.max_world:,} this backend runs ({limits.why})",
+                limits.hint,
+            )
+    else:
+        _within(limits, num_nodes, devices)  # before anything is planned per rank
     preload = OmegaConf.select(launcher_cfg, "preload", default=None)
     max_steps = OmegaConf.select(launcher_cfg, "max_steps", default=None)
     interval = _metrics_interval(launcher_cfg)
-    framework, command_mode = _framework_and_mode(launcher_cfg, command, devices)
+    batch_nodes = roles[0].num_nodes if roles else num_nodes
     return JobPlan(
         num=num,
         name=name,
@@ -225,7 +314,7 @@ def plan_job(
         ),
         command=command,
         command_mode=command_mode,
-        env=check.env_vars("env", launcher_cfg.env),
+        env=env,
         env_from=tuple(
             check.env_names("hydra.launcher.env_from", OmegaConf.select(launcher_cfg, "env_from"), launcher_env)
         ),
@@ -234,24 +323,43 @@ def plan_job(
         summary_metric=launcher_cfg.summary_metric,
         preload=_preload(preload, command),
         # the batch section belongs to the recipe; a command replaces the recipe
-        batch=None if command is not None else _batch(launcher_cfg, machine, num_nodes, devices),
+        batch=None if command is not None else _batch(launcher_cfg, machine, batch_nodes, devices),
         max_steps=_max_steps(max_steps),
         metrics_interval_s=float(interval),
         framework=framework,
         optimized_metric=_optimized_metric(launcher_cfg),
         **_restart_policy(launcher_cfg, recipe_runs=command is None),
         after=_after(launcher_cfg),
+        roles=roles,
     )
 
 
-def _command(command: Any) -> Optional[str]:
+def _roles(launcher_cfg: DictConfig, machine: Machine, defaults: JobDefaults, framework: str) -> Tuple[RolePlan, ...]:
+    roles = plan_roles(
+        OmegaConf.select(launcher_cfg, "roles", default=None),
+        defaults,
+        devices_of=lambda key, value: _devices(value, machine, key),
+        command_of=lambda key, value: _command(value, key),
+        env_of=check.env_vars,
+    )
+    if roles and framework != FRAMEWORK_NONE:
+        raise ConfigError(
+            "hydra.launcher.framework",
+            framework,
+            "a job with roles writes each role's own rank contract; a framework's variables span one world",
+            "set TF_CONFIG or JAX's coordinator in the role's script from its MMT_ROLE_* variables",
+        )
+    return roles
+
+
+def _command(command: Any, key: str = "command") -> Optional[str]:
     """The job's shell command, or None to run the recipe."""
     if command is not None and (not isinstance(command, str) or not command.strip()):
         raise ConfigError(
-            "command",
+            key,
             command,
             "expected a non-empty shell command, or null to run the recipe",
-            "e.g. command='python my_script.py --epochs 2'",
+            f"e.g. {key}='python my_script.py --epochs 2'",
         )
     return command
 

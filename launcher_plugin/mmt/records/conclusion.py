@@ -94,7 +94,9 @@ def conclude_from_outside(
     where that was before it was found (the last sign of life the records hold); now by default."""
     value = return_value_of(read_primary_return(attempt))
     ended = time.time() if ended_at is None else ended_at
-    result = with_earlier_runs(result_record(plan, outcome, value, attempt.id, ended_at=ended), recorded(attempt))
+    result = with_earlier_runs(
+        result_record(plan, outcome, value, attempt.id, ended_at=ended, attempt=attempt), recorded(attempt)
+    )
     result = with_requeues(result, attempt)
     try:
         write_result(plan, result)

@@ -24,7 +24,7 @@ from mmt.planning.plan import JobPlan
 from mmt.planning.redact import masked_overrides
 from mmt.records import job_return
 from mmt.records.payload import UnsafePayloadError, open_private
-from mmt.records.schema import ErrorRecord, ExitRecord, ResultRecord
+from mmt.records.schema import ErrorRecord, ExitRecord, ResultRecord, RoleResult
 
 
 @dataclass
@@ -51,8 +51,7 @@ def _signal_name(code: int) -> str:
 
 
 def _log(plan: JobPlan, index: int) -> str:
-    place = plan.place(index)
-    return str(JobDir(Path(plan.job_dir)).log(place.node_rank, place.rank, plan.per_node))
+    return str(plan.log_path(index))
 
 
 def process_error(attempt: Attempt, index: int) -> Optional[ErrorRecord]:
@@ -70,6 +69,7 @@ def _failure(plan: JobPlan, index: int, error: Optional[ErrorRecord], code: Opti
     exit_code, signal_name = (error.exit_code, error.signal) if error is not None else (None, None)
     if (error is None or not error.command) and code is not None:  # not a command's own status: the process's
         exit_code, signal_name = (code, None) if code >= 0 else (None, _signal_name(code))
+    role = plan.role_at(index) if plan.roles else None
     return RankFailure(
         rank=place.rank,
         node_rank=place.node_rank,
@@ -78,7 +78,8 @@ def _failure(plan: JobPlan, index: int, error: Optional[ErrorRecord], code: Opti
         exception=error.exception if error else None,
         traceback=error.traceback if error else None,
         log=_log(plan, index),
-        whole_node=plan.per_node,
+        whole_node=plan.per_node if role is None else role.per_node,
+        role=None if role is None else role.name,
     )
 
 
@@ -243,8 +244,10 @@ def result_record(
     attempt_id: str,
     started_at: Optional[float] = None,
     ended_at: Optional[float] = None,
+    attempt: Optional[Attempt] = None,
 ) -> ResultRecord:
-    """The result of a job's attempt, as ``result.json`` and the registry keep it."""
+    """The result of a job's attempt, as ``result.json`` and the registry keep it (``attempt``: where a job with
+    roles finds how each role's processes ended)."""
     completed = outcome.status == JobState.COMPLETED
     return ResultRecord(
         job=plan.num,
@@ -265,7 +268,36 @@ def result_record(
         return_value=_jsonable(return_value) if completed else None,
         failure=outcome.failure,
         error=None if completed else str(error_for(plan, outcome)),
+        roles=role_results(plan, attempt) if attempt is not None else (),
     )
+
+
+def role_results(plan: JobPlan, attempt: Attempt) -> Tuple[RoleResult, ...]:
+    """How each role of a job with roles ended, from its processes' records (() without roles)."""
+    results = []
+    for role in plan.roles:
+        states = [process_state(attempt, index) for index in role.indices]
+        counts = {state: states.count(state) for state in ProcessState}
+        if counts[ProcessState.FAILED]:
+            status = JobState.FAILED.value
+        elif counts[ProcessState.SUCCEEDED] == len(states):
+            status = JobState.COMPLETED.value
+        else:
+            status = "STOPPED"
+        results.append(
+            RoleResult(
+                name=role.name,
+                primary=role.primary,
+                num_nodes=role.num_nodes,
+                devices=role.devices,
+                world_size=role.world_size,
+                status=status,
+                succeeded=counts[ProcessState.SUCCEEDED],
+                failed=counts[ProcessState.FAILED],
+                stopped=counts[ProcessState.STOPPED] + counts[ProcessState.RUNNING],
+            )
+        )
+    return tuple(results)
 
 
 def read_result(job_dir: Path) -> Optional[ResultRecord]:

@@ -163,6 +163,16 @@ class _Record:
 # ------------------------------------------------------------------------------------------------ result.json
 
 
+def _failure_dict(failure: RankFailure) -> Dict[str, Any]:
+    """A failure as result.json keeps it: a job without roles keeps the keys it always had."""
+    data = asdict(failure)
+    if failure.role is None:
+        data.pop("role")
+    if not failure.ended_early:
+        data.pop("ended_early")
+    return data
+
+
 def _failure_of(data: Any) -> Optional[RankFailure]:
     if data is None:
         return None
@@ -178,6 +188,8 @@ def _failure_of(data: Any) -> Optional[RankFailure]:
         log=str(data.get("log") or ""),
         whole_node=bool(data.get("whole_node", False)),
         missing_result=bool(data.get("missing_result", False)),
+        role=_get(data, "role", (str,)),
+        ended_early=bool(data.get("ended_early", False)),
     )
 
 
@@ -201,6 +213,38 @@ class EarlierRun:
             started_at=_get(data, "started_at", _NUMBER),
             ended_at=_get(data, "ended_at", _NUMBER),
             duration_s=_get(data, "duration_s", _NUMBER),
+        )
+
+
+@dataclass(frozen=True)
+class RoleResult:
+    """How one role of a job with roles ended: part of its result. ``status``: COMPLETED (every process exited 0),
+    FAILED (one failed), STOPPED (mmt stopped its processes: the primary role ended, or another role failed)."""
+
+    name: str
+    primary: bool
+    num_nodes: int
+    devices: int
+    world_size: int
+    status: str
+    succeeded: int = 0
+    failed: int = 0
+    stopped: int = 0
+
+    @classmethod
+    def of(cls, data: Any) -> Optional["RoleResult"]:
+        if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
+            return None
+        return cls(
+            name=data["name"],
+            primary=bool(data.get("primary", False)),
+            num_nodes=int(data.get("num_nodes") or 0),
+            devices=int(data.get("devices") or 0),
+            world_size=int(data.get("world_size") or 0),
+            status=str(data.get("status") or ""),
+            succeeded=int(data.get("succeeded") or 0),
+            failed=int(data.get("failed") or 0),
+            stopped=int(data.get("stopped") or 0),
         )
 
 
@@ -256,6 +300,8 @@ class ResultRecord(_Record):
     earlier_runs: Tuple[EarlierRun, ...] = ()
     # SLURM: the runs that were requeued (a lost node, scontrol requeue, preemption), oldest first
     requeues: Tuple[Requeue, ...] = ()
+    # a job with roles: how each role ended, the primary first
+    roles: Tuple[RoleResult, ...] = ()
 
     @property
     def restarts(self) -> int:
@@ -285,7 +331,7 @@ class ResultRecord(_Record):
         data.update(
             {
                 "return_value": self.return_value,
-                "failure": asdict(self.failure) if self.failure is not None else None,
+                "failure": _failure_dict(self.failure) if self.failure is not None else None,
                 "error": self.error,
             }
         )
@@ -294,6 +340,8 @@ class ResultRecord(_Record):
             data["earlier_runs"] = [asdict(run) for run in self.earlier_runs]
         if self.requeues:
             data["requeues"] = [asdict(requeue) for requeue in self.requeues]
+        if self.roles:
+            data["roles"] = [asdict(role) for role in self.roles]
         return data
 
     @classmethod
@@ -327,6 +375,7 @@ class ResultRecord(_Record):
             requeues=tuple(
                 one for one in map(Requeue.of, _get(data, "requeues", (list,), ()) or ()) if one is not None
             ),
+            roles=tuple(one for one in map(RoleResult.of, _get(data, "roles", (list,), ()) or ()) if one is not None),
         )
 
     def concludes(self, attempt_id: Optional[str]) -> bool:

@@ -16,6 +16,7 @@ from mmt.core.jobdir import JobDir, process_log_name
 from mmt.core.states import JobState, ProcessState
 from mmt.launching.report import metric_of
 from mmt.records.registry import JobRecord, Registry
+from mmt.records.roles_file import RoleShape, read_roles
 from mmt.service import logs as log_files
 from mmt.service import status as job_status
 from mmt.service.machines import Machine, MachineType
@@ -55,6 +56,22 @@ def check_rank(record: JobRecord, rank: Any) -> int:
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < count:
         raise ConfigError("rank", rank, f"expected one of {allowed}")
     return rank
+
+
+def role_log_path(record: JobRecord, roles: Tuple[RoleShape, ...], rank: Any, role: Optional[str]) -> Path:
+    """A job with roles: rank ``rank`` of ``role`` (default: the primary), checked against the role's shape."""
+    names = [shape.name for shape in roles]
+    shape = roles[0] if role is None else next((s for s in roles if s.name == role), None)
+    if shape is None:
+        raise ConfigError("role", role, f"expected one of {', '.join(names)}", f"e.g. --role {names[0]}")
+    count = shape.log_count
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < count:
+        what = ("machine" if count == 1 else "machines") if shape.per_node else ("rank" if count == 1 else "ranks")
+        span = "0" if count == 1 else f"0-{count - 1}"
+        raise ConfigError("rank", rank, f"expected {what} {span} of role {shape.name}")
+    node = rank if shape.per_node else rank // shape.devices
+    name = process_log_name(node, rank, shape.per_node)
+    return JobDir(Path(record.job_dir)).logs_of(record.attempt) / shape.name / name
 
 
 def check_tail(tail: Any) -> Optional[int]:
@@ -283,29 +300,37 @@ class RegisteredJob:
     def stop(self) -> None:
         job_status.stop(self._record())
 
-    def logs(self, rank: int = 0, follow: bool = False, tail: Optional[int] = None) -> Union[str, Iterator[str]]:
+    def logs(
+        self, rank: int = 0, follow: bool = False, tail: Optional[int] = None, role: Optional[str] = None
+    ) -> Union[str, Iterator[str]]:
         """Rank ``rank``'s output (a per-node command job: node ``rank``'s): all of it, or its last ``tail`` lines;
         ``follow``: an iterator of lines (from the last ``tail`` ones, if given) that ends when the job has ended.
+        ``role``: a job with roles, whose ranks each role numbers (default: the primary role).
         Read in bounded chunks, the last lines found by seeking back from the end: a huge log costs no more memory
         than what is returned. JobDirGone when the job dir was deleted."""
-        path, start = self.log_start(rank, tail)
+        path, start = self.log_start(rank, tail, role)
         if follow:
             return log_files.follow(path, start, lambda: self.status.final)
         return log_files.read_text(path, start) if path.exists() else ""
 
-    def log_start(self, rank: int = 0, tail: Optional[int] = None) -> Tuple[Path, int]:
+    def log_start(self, rank: int = 0, tail: Optional[int] = None, role: Optional[str] = None) -> Tuple[Path, int]:
         """(rank ``rank``'s log file, the byte offset of its last ``tail`` lines, 0 for all of it), checked: a
-        rank the job has, a ``tail`` >= 1, a job dir that still exists."""
+        rank the job (or its ``role``) has, a ``tail`` >= 1, a job dir that still exists."""
         check_tail(tail)
-        path = self._log_path(rank)
+        path = self._log_path(rank, role)
         if tail is None or not path.exists():
             return path, 0
         return path, log_files.tail_offset(path, tail)
 
     # ------------------------------------------------------------------------------------------ internals
 
-    def _log_path(self, rank: int) -> Path:
+    def _log_path(self, rank: int, role: Optional[str] = None) -> Path:
         record = self._registry.require(self.name)
+        roles = read_roles(Path(record.job_dir))
+        if roles is not None:
+            return role_log_path(record, roles, rank, role)
+        if role is not None:
+            raise ConfigError("role", role, f"job {record.name} has no roles", "leave out --role")
         check_rank(record, rank)
         if not Path(record.job_dir).is_dir():
             raise JobDirGone(record)

@@ -21,6 +21,7 @@ from typing import Any, Optional
 from mmt.core import preemption, stacks, timeline
 from mmt.core.jobdir import Attempt, write_atomic
 from mmt.core.rank_env import MMT_CONTAINER_EXEC
+from mmt.planning.plan import JobPlan
 from mmt.records.payload import JobPayload, read_payload
 from mmt.records.schema import ErrorRecord
 from mmt.worker import guards
@@ -171,7 +172,8 @@ def run(attempt: Attempt, index: int) -> int:
     restore_singletons(payload.singleton_state)
     setup_globals()
     _apply_thread_count()
-    guards.install(payload.plan)
+    plan = _own_plan(payload.plan, index)
+    guards.install(plan)
     stacks.arm()  # where the job watches for hangs: this rank's stack, on request
     if os.environ.get(preemption.PREEMPTIBLE_VAR) == "1":
         preemption.install()
@@ -185,7 +187,6 @@ def run(attempt: Attempt, index: int) -> int:
     )
     if primary:
         _write_hydra_dir(payload)
-    plan = payload.plan
     container = json.loads(os.environ.get(MMT_CONTAINER_EXEC) or "[]")
     task = _marked(payload.task_function if plan.command is None else command_task(plan.command, container), index)
     output_subdir = _process_config(payload.config, primary)
@@ -215,6 +216,12 @@ def run(attempt: Attempt, index: int) -> int:
     sys.stderr.flush()
     attempt.write_done(index, code)
     return code
+
+
+def _own_plan(plan: JobPlan, index: int) -> JobPlan:
+    """What process ``index`` runs: the job's plan, or in a job with roles its role's (its command, its world)."""
+    role = plan.role_at(index) if plan.roles else None
+    return plan if role is None else plan.for_role(role)
 
 
 def _marked(task: Any, index: int) -> Any:

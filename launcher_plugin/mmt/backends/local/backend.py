@@ -31,13 +31,20 @@ from mmt.backends.local import images, records
 from mmt.backends.local.host import PortReservations, cpu_cores, visible_gpus
 from mmt.backends.local.watch import LocalWatcher
 from mmt.core import proctree
-from mmt.core.errors import ConfigError
+from mmt.core.errors import ConfigError, RankFailure
 from mmt.core.jobdir import JobDir, write_atomic
 from mmt.core.rank_env import MMT_CONTAINER_EXEC, MMT_JOB_ID, RankPlace
 from mmt.core.states import JobState, StartMethod, values
 from mmt.monitor import hangs
 from mmt.planning import validate as check
-from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
+from mmt.planning.environment import (
+    PythonEnvironment,
+    Rendezvous,
+    RoleSite,
+    process_env,
+    role_process_env,
+    roles_document,
+)
 from mmt.planning.plan import JobPlan, Limits
 from mmt.records.outcome import JobOutcome, first_failure, running_detail
 from mmt.records.reconcile import request_stop
@@ -99,6 +106,7 @@ class LocalJob(JobHandle):
     deadline: float = 0.0
     port: Optional[int] = None
     framework_ports: List[int] = field(default_factory=list)  # held for TF_CONFIG's workers or JAX's coordinator
+    role_ports: List[int] = field(default_factory=list)  # a job with roles: each role's MASTER_PORT and own port
     gpus: List[str] = field(default_factory=list)
     pids: Dict[int, int] = field(default_factory=dict)  # process index -> pid
     running: set = field(default_factory=set)  # process indices not exited yet
@@ -112,6 +120,10 @@ class LocalJob(JobHandle):
     hang: Optional[hangs.HangWatch] = None
     # its processes are node agents in containers (indices: nodes), which record their ranks themselves
     node_agents: bool = False
+    # a job with roles: how its processes exited so far (index -> code), and the failure of a role that ended before
+    # the primary role though it may not (early_exit=fail)
+    exit_codes: Dict[int, int] = field(default_factory=dict)
+    ended_early: Optional[RankFailure] = None
     # the jobs it runs after (submission.after) that have completed, and when to look at the others again
     satisfied: Set[str] = field(default_factory=set)
     next_dependency_check: float = 0.0
@@ -120,6 +132,7 @@ class LocalJob(JobHandle):
 class LocalBackend(Backend[LocalJob]):
     name = "local"
     warms_up = True
+    runs_roles = True
 
     def __init__(self, settings: LocalSettings) -> None:
         self.settings = settings
@@ -162,6 +175,15 @@ class LocalBackend(Backend[LocalJob]):
 
     def problems(self, plan: JobPlan) -> List[ConfigError]:
         found = images.problems(plan, self.settings.containers)
+        if plan.roles and plan.image is not None:
+            found.append(
+                ConfigError(
+                    "image",
+                    plan.image,
+                    "cluster=local runs a job with roles in this environment only, not in an image",
+                    "drop image=..., or run the roles as separate jobs",
+                )
+            )
         needed = plan.world_size if plan.machine.gpus else 0
         if needed > len(self.host_gpus):
             found.append(
@@ -314,9 +336,12 @@ class LocalBackend(Backend[LocalJob]):
         rendezvous = self._reserve(job)
         cwd = os.getcwd()
         nodes = self._command_containers(job, cwd)
-        specs = [
-            self._rank_spec(job, index, place, rendezvous, nodes, cwd) for index, place in enumerate(plan.places())
-        ]
+        if plan.roles:
+            specs = self._role_specs(job, cwd)
+        else:
+            specs = [
+                self._rank_spec(job, index, place, rendezvous, nodes, cwd) for index, place in enumerate(plan.places())
+            ]
         node_agents = plan.image is not None and plan.command is None
         if node_agents:  # the task function: each node's container runs a node agent, which forks its ranks
             nodes = self._node_agents(job, specs, cwd)
@@ -397,6 +422,57 @@ class LocalBackend(Backend[LocalJob]):
             cwd=cwd,
             log=str(JobDir(Path(plan.job_dir)).log(place.node_rank, place.rank, plan.per_node)),
         )
+
+    def _role_specs(self, job: LocalJob, cwd: str) -> List[ProcessSpec]:
+        """Every process of a job with roles: each role's own rendezvous (a port for its ranks to meet on, and one
+        for it to serve on), its rank contract, and where every role is (also in the roles file, written first)."""
+        plan, addr = job.plan, self.settings.master_addr
+        sites = {}
+        for role in plan.roles:
+            meet, serve = self.ports.reserve(), self.ports.reserve()
+            job.role_ports += [meet, serve]
+            sites[role.name] = RoleSite(Rendezvous(addr, meet, node_addrs=(addr,) * role.num_nodes), serve)
+        job_dir = JobDir(Path(plan.job_dir))
+        write_atomic(job_dir.roles_file, (json.dumps(roles_document(plan, sites), indent=2) + "\n").encode())
+        cores_per_node = max(1, cpu_cores() // plan.num_nodes)
+        specs = []
+        for index in range(plan.process_count):
+            own = plan.role_at(index)
+            assert own is not None
+            role = own
+            env = role_process_env(
+                plan,
+                index,
+                sites=sites,
+                roles_file=str(job_dir.roles_file),
+                inherited=os.environ,
+                copied=job.submission.copied_env,
+                cores_per_node=cores_per_node,
+                python=self.python,
+                restart=job.submission.restart,
+            )
+            env.update(hangs.hang_env(plan, job.attempt, index))
+            place = plan.place(index)
+            if job.gpus:  # the role's GPUs follow the roles before it; node n of the role sees its own
+                first = sum(r.world_size for r in plan.roles if r.first_index < role.first_index)
+                first += place.node_rank * role.devices
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus[first : first + role.devices])
+            elif self.host_gpus:
+                env["CUDA_VISIBLE_DEVICES"] = ""
+            log = plan.log_path(index)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            specs.append(
+                ProcessSpec(
+                    job_id=plan.job_id,
+                    index=index,
+                    node_rank=role.first_node + place.node_rank,
+                    attempt_dir=str(job.attempt.dir),
+                    env=env,
+                    cwd=cwd,
+                    log=str(log),
+                )
+            )
+        return specs
 
     def _node_agent_specs(
         self, job: LocalJob, nodes: Sequence[containers.NodeContainer], cwd: str
@@ -525,8 +601,38 @@ class LocalBackend(Backend[LocalJob]):
             if message["code"] != 0 and not message["stopped"] and job.stop_sent is None:
                 job.failed_first = True  # the agent stops the others itself
                 job.stop_sent, job.state = job.last_exit, JobState.STOPPING
+            elif job.plan.roles and job.stop_sent is None:
+                self._role_exited(job, message["index"], message["code"])
         elif message["op"] == "ended":
             self._finish(job)
+
+    def _role_exited(self, job: LocalJob, index: int, code: int) -> None:
+        """A process of a job with roles exited cleanly: once the primary role's have all ended, the job ends and
+        the other roles are stopped; a role that may not end first (early_exit=fail) ending first fails the job."""
+        plan = job.plan
+        job.exit_codes[index] = code
+        primary = plan.roles[0]
+        if all(i in job.exit_codes for i in primary.indices):
+            if job.running:
+                others = ", ".join(r.name for r in plan.roles[1:] if any(i in job.running for i in r.indices))
+                self._stop(job, JobState.COMPLETED, f"the primary role {primary.name} ended; stopped {others}")
+            return
+        role = plan.role_at(index)
+        if role is not None and not role.primary and role.early_exit == "fail":
+            place = plan.place(index)
+            job.ended_early = RankFailure(
+                rank=place.rank,
+                node_rank=place.node_rank,
+                exit_code=code,
+                signal=None,
+                exception=None,
+                traceback=None,
+                log=str(plan.log_path(index)),
+                whole_node=role.per_node,
+                role=role.name,
+                ended_early=True,
+            )
+            self._stop(job, JobState.FAILED, job.ended_early.describe())
 
     def _finish(self, job: LocalJob) -> None:
         del self.jobs[job.plan.job_id]
@@ -542,14 +648,15 @@ class LocalBackend(Backend[LocalJob]):
                 outcome.detail = "a process failed but left no record"
         elif job.stop_status is not None:
             outcome.status, outcome.detail = job.stop_status, job.stop_detail
+            outcome.failure = job.ended_early
         self._conclude(job, outcome)
 
     def _conclude(self, job: LocalJob, outcome: JobOutcome) -> None:
         if job.port is not None:
             self.ports.release(job.port)
-        for port in job.framework_ports:
+        for port in job.framework_ports + job.role_ports:
             self.ports.release(port)
-        job.framework_ports = []
+        job.framework_ports, job.role_ports = [], []
         self.free_gpus.extend(job.gpus)
         job.gpus = []
         job.state, job.outcome = outcome.status, outcome

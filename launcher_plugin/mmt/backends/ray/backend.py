@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from mmt.backends.base import Submission
+from mmt.backends.base import Submission, roles_problems
 from mmt.backends.ray import placement, records
 from mmt.backends.ray.api import ClusterNode, RayApi, RayJob, Refused, Unanswered
 from mmt.backends.ray.settings import ADDRESS_VARS, RaySettings
@@ -85,6 +85,8 @@ class RayBackend(ScheduledBackend[RayJobHandle, RaySettings], name="ray", settin
     # ------------------------------------------------------------------------------------------ planning
 
     def problems(self, plan: JobPlan) -> List[ConfigError]:
+        if plan.roles:
+            return roles_problems(self, plan)
         if plan.after:
             return [
                 ConfigError(

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from mmt.backends.base import Submission
+from mmt.backends.base import Submission, roles_problems
 from mmt.backends.scheduled import STOP_RETRY_S, ScheduledBackend, ScheduledJob
 from mmt.backends.slurm import oci, pending, queue, records
 from mmt.backends.slurm.conclusion import conclude
@@ -158,7 +158,7 @@ class SlurmBackend(ScheduledBackend[SlurmJob, SlurmSettings], name="slurm", sett
     # ------------------------------------------------------------------------------------------ planning
 
     def problems(self, plan: JobPlan) -> List[ConfigError]:
-        found = []
+        found = roles_problems(self, plan)
         if plan.framework == "tensorflow" and plan.processes_per_node > FRAMEWORK_PORT_WINDOW:
             found.append(
                 ConfigError(

@@ -1,0 +1,135 @@
+"""Jobs with roles on this host (cluster=local), as a user runs them: examples/roles/ (Lightning trainers, 2 x 2 DDP,
+calling a scorer role over TCP), a sweep over a role's node count, a role that fails, a role that ends early, the
+logs of a role's rank, bad input; every process gone afterwards (``tag``)."""
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+from helpers.app import app_env, results, run_app
+from helpers.paths import REPO
+
+EXAMPLE = REPO / "examples" / "roles" / "app.py"
+
+
+def run_example(*overrides: str, sweep_dir: Path, tag: str, timeout: float = 300, **env: str):
+    return subprocess.run(
+        [sys.executable, str(EXAMPLE), *overrides, f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO,
+        env=app_env(tag, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def role_lines(job: Path) -> List[str]:
+    return [
+        line
+        for path in sorted((job / "logs").glob("*/*.log"))
+        for line in path.read_text().splitlines()
+        if line.startswith("ROLE ")
+    ]
+
+
+def test_the_example_trainers_reach_the_scorer_each_role_its_own_world(tmp_path, tag):
+    done = run_example(sweep_dir=tmp_path, tag=tag)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "trainer 2 x 2 + scorer 1 x 1" in done.stdout  # the launch line and the summary
+    (result,) = results(tmp_path)
+    job = tmp_path / "0"
+    roles = json.loads((job / "roles.json").read_text())["roles"]
+    scorer_at = f"scorer@{roles['scorer']['addrs'][0]}:{roles['scorer']['port']}"
+    trainer_at = f"trainer@{','.join(roles['trainer']['addrs'])}:{roles['trainer']['port']}"
+    # every rank of both roles: its role, its rank in its role's own world, the other role's address
+    assert sorted(role_lines(job)) == sorted(
+        [f"ROLE trainer rank {r} of 4 (node {r // 2}); others: {scorer_at}" for r in range(4)]
+        + [f"ROLE scorer rank 0 of 1 (node 0); others: {trainer_at}"]
+    )
+    assert roles["trainer"]["master_port"] != roles["scorer"]["master_port"]
+    # the trainers reached the scorer: every rank's losses were aggregated (20 steps, every 5th: 4 per rank)
+    scored = json.loads((job / "scorer.json").read_text())
+    assert scored["count"] == 16 and scored["ranks"] == 4
+    assert result["status"] == "COMPLETED" and result["return_value"]["steps"] == 20
+    assert result["return_value"]["scored"] >= 4 and result["return_value"]["scorer_mean_loss"] > 0
+    # the result holds both roles' outcomes: the trainer completed; the scorer ended when mmt stopped it, cleanly
+    assert [(r["name"], r["primary"], r["num_nodes"], r["devices"], r["status"]) for r in result["roles"]] == [
+        ("trainer", True, 2, 2, "COMPLETED"),
+        ("scorer", False, 1, 1, "COMPLETED"),
+    ]
+    # mmt logs NAME --role R --rank N reads that role's rank's log; the primary's by default
+    name = result["name"]
+    mmt = [sys.executable, "-m", "mmt.cli.main", "logs", name]
+    scorer_log = subprocess.run([*mmt, "--role", "scorer"], capture_output=True, text=True, env=app_env(tag), cwd=REPO)
+    assert scorer_log.returncode == 0 and "SCORER listening on port" in scorer_log.stdout, scorer_log.stderr
+    rank3 = subprocess.run([*mmt, "--rank", "3"], capture_output=True, text=True, env=app_env(tag), cwd=REPO)
+    assert "ROLE trainer rank 3 of 4" in rank3.stdout, rank3.stderr
+    bad = subprocess.run([*mmt, "--role", "scorer", "--rank", "1"], capture_output=True, text=True, env=app_env(tag))
+    assert bad.returncode != 0
+    assert "Invalid --rank 1: expected rank 0 of role scorer" in bad.stderr
+
+
+def test_a_sweep_over_a_roles_node_count_runs_each_count(tmp_path, tag):
+    done = run_example("roles.scorer.num_nodes=1,2", "steps=5", sweep_dir=tmp_path, tag=tag)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = results(tmp_path)
+    assert [r["status"] for r in found] == ["COMPLETED", "COMPLETED"]
+    assert [[(r["name"], r["num_nodes"]) for r in result["roles"]] for result in found] == [
+        [("trainer", 2), ("scorer", 1)],
+        [("trainer", 2), ("scorer", 2)],
+    ]
+    assert len([line for line in role_lines(tmp_path / "1") if line.startswith("ROLE scorer")]) == 2
+
+
+def test_a_scorer_that_raises_stops_the_trainers_within_seconds(tmp_path, tag):
+    started = time.monotonic()
+    done = run_example("steps=100000", sweep_dir=tmp_path, tag=tag, SCORER_FAIL_AFTER="3")
+    took = time.monotonic() - started
+    assert done.returncode != 0
+    (result,) = results(tmp_path)
+    assert result["status"] == "FAILED"
+    assert result["failure"]["role"] == "scorer" and result["failure"]["rank"] == 0
+    assert "role scorer rank 0 (node 0) raised RuntimeError: the scorer broke" in done.stderr + done.stdout
+    assert [(r["name"], r["status"]) for r in result["roles"]] == [("trainer", "STOPPED"), ("scorer", "FAILED")]
+    assert result["stop_latency_s"] < 10
+    assert took < 120, took  # 100,000 steps were never going to finish: the trainers were stopped
+
+
+def test_a_role_that_may_not_end_first_fails_the_job_one_that_may_does_not(tmp_path, tag):
+    common = ["+roles.trainer.command='sleep 3'", "+roles.helper.command='exit 0'", "+roles.helper.num_nodes=1"]
+    failed = run_app(*common, sweep_dir=tmp_path / "fail", tag=tag)
+    assert failed.returncode != 0
+    (result,) = results(tmp_path / "fail")
+    assert result["status"] == "FAILED" and result["failure"]["ended_early"] is True
+    assert "the command on role helper node 0 exited before the primary role ended" in failed.stdout
+    fine = run_app(*common, "+roles.helper.early_exit=ok", sweep_dir=tmp_path / "ok", tag=tag)
+    assert fine.returncode == 0, fine.stdout + fine.stderr
+    (result,) = results(tmp_path / "ok")
+    assert [(r["name"], r["status"]) for r in result["roles"]] == [("trainer", "COMPLETED"), ("helper", "COMPLETED")]
+
+
+def test_dry_run_shows_each_role_and_bad_input_is_one_line(tmp_path, tag):
+    dry = run_example("hydra.launcher.dry_run=true", sweep_dir=tmp_path / "dry", tag=tag)
+    assert dry.returncode == 0, dry.stderr
+    assert "topology   trainer 2 x 2 + scorer 1 x 1 = 3 nodes, 5 ranks" in dry.stdout
+    assert re.search(r"role scorer \(early_exit=fail\): 1 nodes x 1 devices = 1 ranks, runs the task", dry.stdout)
+    assert "MMT_ROLE_SCORER_ADDRS=<scorer0>" in dry.stdout and not (tmp_path / "dry" / "0" / "logs").exists()
+    for overrides, message in (
+        (
+            ["+roles.scorer.primary=true", "+roles.trainer.primary=true"],
+            "Invalid roles.scorer.primary=True: role 'trainer' is primary",
+        ),
+        (["roles.scorer.num_nodes=0"], "Invalid roles.scorer.num_nodes=0: expected a whole number >= 1"),
+    ):
+        bad = run_example(*overrides, sweep_dir=tmp_path / "bad", tag=tag)
+        assert bad.returncode != 0
+        lines = [line for line in bad.stderr.splitlines() if line.startswith("Invalid")]
+        assert len(lines) == 1 and message in lines[0], bad.stderr
+        assert not list((tmp_path / "bad").glob("*/logs"))
+    # a role the app does not have: Hydra's own refusal names the key and how to add it
+    typo = run_example("roles.scorr.num_nodes=2", sweep_dir=tmp_path / "typo", tag=tag)
+    assert typo.returncode != 0 and "Could not override 'roles.scorr.num_nodes'" in typo.stderr

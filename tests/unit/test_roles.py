@@ -1,0 +1,176 @@
+"""Jobs with roles (roles.<name>.*), planned from train.py's composed config: each role's own world, the primary
+first, every process's rank contract in its role's numbering, the roles' variables; refusals in one line each,
+before anything starts; and a job without roles exactly as before."""
+
+import json
+import os
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from helpers.config import compose_train
+from mmt.core.errors import ConfigError
+from mmt.launching.prepare import make_backend
+from mmt.launching.submit import refuse_unrunnable
+from mmt.planning import dryrun
+from mmt.planning.environment import Rendezvous, RoleSite, role_process_env, roles_document
+from mmt.planning.plan import JobPlan, plan_job
+
+TRAINER_SCORER = [
+    "+roles.trainer.num_nodes=2",
+    "+roles.trainer.devices=2",
+    "+roles.scorer.num_nodes=1",
+    "+roles.scorer.command='python score.py'",
+    "+roles.scorer.command_mode=per_rank",
+]
+
+
+def plan_of(overrides: List[str], job_dir: Path, cluster: str = "local") -> JobPlan:
+    config = compose_train(f"cluster={cluster}", *overrides)  # recipe=lm: a batch plan
+    launcher_cfg = config.hydra.launcher
+    backend = make_backend(launcher_cfg)
+    try:
+        plan = plan_job(
+            launcher_cfg,
+            num=0,
+            name="train-0",
+            job_id="unit-0",
+            overrides=list(overrides),
+            job_dir=str(job_dir),
+            limits=backend.limits,
+            launcher_env=os.environ,
+        )
+        refuse_unrunnable(backend, [plan])
+        return plan
+    finally:
+        backend.close()
+
+
+def test_roles_primary_first_each_its_own_world(tmp_path):
+    # the scorer is listed first on the command line: the trainer (primary by its name) still comes first
+    plan = plan_of(TRAINER_SCORER[2:] + TRAINER_SCORER[:2], tmp_path)
+    assert [r.name for r in plan.roles] == ["trainer", "scorer"]
+    trainer, scorer = plan.roles
+    assert trainer.primary and not scorer.primary and scorer.early_exit == "fail"
+    assert (trainer.num_nodes, trainer.devices, trainer.command) == (2, 2, None)
+    assert (scorer.num_nodes, scorer.devices, scorer.command) == (1, 1, "python score.py")
+    assert plan.num_nodes == 3 and plan.process_count == 5 and plan.world_size == 5
+    assert list(trainer.indices) == [0, 1, 2, 3] and list(scorer.indices) == [4]
+    assert list(plan.node_indices(1)) == [2, 3] and list(plan.node_indices(2)) == [4]
+    assert plan.topology == "trainer 2 x 2 + scorer 1 x 1"
+    # process 4 is the scorer's rank 0 of a world of 1, on its node 0
+    place = plan.place(4)
+    assert (place.rank, place.node_rank, place.world_size) == (0, 0, 1)
+    assert plan.describe_process(4) == "role scorer rank 0 (node 0)"
+    assert plan.log_path(3) == tmp_path / "logs" / "trainer" / "node1.rank3.log"
+    assert plan.log_path(4) == tmp_path / "logs" / "scorer" / "node0.rank0.log"
+    # the recipe's batch plan is the trainer's world (4 ranks), and only the trainer gets it
+    assert plan.batch is not None and plan.for_role(trainer).batch is plan.batch
+    assert plan.for_role(scorer).batch is None
+
+
+def test_each_process_gets_its_roles_contract_and_every_roles_address(tmp_path):
+    plan = plan_of(TRAINER_SCORER, tmp_path)
+    sites = {
+        "trainer": RoleSite(Rendezvous("10.0.0.1", 5000, node_addrs=("10.0.0.1", "10.0.0.2")), 5001),
+        "scorer": RoleSite(Rendezvous("10.0.0.3", 6000, node_addrs=("10.0.0.3",)), 6001),
+    }
+    roles_file = str(tmp_path / "roles.json")
+
+    def env(index: int) -> dict:
+        return role_process_env(
+            plan, index, sites=sites, roles_file=roles_file, inherited={}, copied={}, cores_per_node=2, python=None
+        )
+
+    rank3, scorer = env(3), env(4)
+    assert {k: rank3[k] for k in ("RANK", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")} == {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "NODE_RANK": "1",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "5000",
+    }
+    assert {k: scorer[k] for k in ("RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")} == {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "NODE_RANK": "0",
+        "MASTER_ADDR": "10.0.0.3",
+        "MASTER_PORT": "6000",
+    }
+    for own, role in ((rank3, "trainer"), (scorer, "scorer")):
+        assert own["MMT_ROLE"] == role and own["MMT_ROLES"] == "trainer,scorer"
+        assert own["MMT_ROLE_TRAINER_ADDRS"] == "10.0.0.1,10.0.0.2" and own["MMT_ROLE_TRAINER_PORT"] == "5001"
+        assert own["MMT_ROLE_SCORER_ADDRS"] == "10.0.0.3" and own["MMT_ROLE_SCORER_PORT"] == "6001"
+        assert own["MMT_ROLES_FILE"] == roles_file
+    assert "MMT_GLOBAL_BATCH_SIZE" in rank3 and "MMT_GLOBAL_BATCH_SIZE" not in scorer
+    document = json.loads(json.dumps(roles_document(plan, sites)))
+    assert document["primary"] == "trainer"
+    assert document["roles"]["scorer"] == {
+        "primary": False,
+        "num_nodes": 1,
+        "devices": 1,
+        "world_size": 1,
+        "per_node": False,
+        "addrs": ["10.0.0.3"],
+        "port": 6001,
+        "master_addr": "10.0.0.3",
+        "master_port": 6000,
+    }
+
+
+def test_a_job_without_roles_is_planned_as_before(tmp_path):
+    plan = plan_of(["num_nodes=2", "devices=2"], tmp_path)
+    assert plan.roles == () and plan.process_count == 4 and plan.topology == "2 x 2"
+    assert plan.log_path(3) == tmp_path / "logs" / "node1.rank3.log"
+    assert plan.describe_process(3) == "rank 3 (node 1)"
+
+
+def test_one_role_named_primary_and_a_sweepable_count(tmp_path):
+    plan = plan_of(
+        ["+roles.evaluator.num_nodes=1", "+roles.learner.primary=true", "+roles.learner.num_nodes=4"], tmp_path
+    )
+    assert [(r.name, r.num_nodes, r.primary) for r in plan.roles] == [("learner", 4, True), ("evaluator", 1, False)]
+
+
+def test_dry_run_shows_each_roles_nodes_command_and_environment(tmp_path):
+    plan = plan_of([*TRAINER_SCORER, "+roles.scorer.env.SCORER_TOKEN=hunter2"], tmp_path)
+    text = dryrun.render(plan, [])
+    assert "topology   trainer 2 x 2 + scorer 1 x 1 = 3 nodes, 5 ranks" in text
+    assert "role trainer (primary: the job ends when it ends): 2 nodes x 2 devices = 4 ranks, runs the task" in text
+    assert "role scorer (early_exit=fail): 1 nodes x 1 devices = 1 ranks, runs 'python score.py' once per rank" in text
+    assert "MMT_ROLE_SCORER_ADDRS=<scorer0>" in text and "MMT_ROLE_TRAINER_ADDRS=<trainer0>,<trainer1>" in text
+    assert "SCORER_TOKEN=***" in text and "hunter2" not in text
+
+
+REFUSED = [
+    (
+        ["+roles.trainer.primary=true", "+roles.scorer.primary=true"],
+        "Invalid roles.scorer.primary=True: role 'trainer' is primary already",
+    ),
+    (["+roles.trainer.num_nodes=0"], "Invalid roles.trainer.num_nodes=0: expected a whole number >= 1"),
+    (["+roles.a.num_nodes=1", "+roles.b.num_nodes=1"], "Invalid roles='a, b': no role is primary"),
+    (["+roles.Trainer.num_nodes=1"], "Invalid roles.Trainer='Trainer': a role's name is lower-case letters"),
+    (["+roles.trainer.nodes=2"], "Invalid roles.trainer.nodes=2: not a key of a role"),
+    (["+roles.scorer.early_exit=maybe", "+roles.trainer.num_nodes=1"], "Invalid roles.scorer.early_exit='maybe'"),
+    (["+roles.trainer.command=''"], "Invalid roles.trainer.command=''"),
+    (["+roles.trainer.env.RANK=3"], "Invalid roles.trainer.env"),
+    (["+roles.trainer.num_nodes=1", "+roles.scorer.num_nodes=1", "hydra.launcher.framework=jax"], "framework"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", REFUSED, ids=[" ".join(c[0]) for c in REFUSED])
+def test_refused_in_one_line(overrides, message, tmp_path):
+    with pytest.raises(ConfigError) as raised:
+        plan_of(overrides, tmp_path)
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())  # nothing written
+
+
+def test_a_backend_without_roles_refuses_them(tmp_path):
+    with pytest.raises(
+        ConfigError, match=r"Invalid roles='trainer, scorer': cluster=slurm does not run a job with roles"
+    ):
+        plan_of(TRAINER_SCORER, tmp_path, cluster="slurm")
