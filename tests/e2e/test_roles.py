@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 from helpers.app import app_env, results, run_app
 from helpers.paths import REPO
@@ -116,12 +116,15 @@ def test_dry_run_shows_each_role_and_bad_input_is_one_line(tmp_path, tag):
     dry = run_example("hydra.launcher.dry_run=true", sweep_dir=tmp_path / "dry", tag=tag)
     assert dry.returncode == 0, dry.stderr
     assert "topology   trainer 2 x 2 + scorer 1 x 1 = 3 nodes, 5 ranks" in dry.stdout
-    assert re.search(r"role scorer \(early_exit=fail\): 1 nodes x 1 devices = 1 ranks, runs the task", dry.stdout)
+    assert re.search(
+        r"role scorer \(early_exit=fail\): 1 nodes x 1 devices = 1 ranks on cpu_small: 2 vCPU.*, runs the task",
+        dry.stdout,
+    )
     assert "MMT_ROLE_SCORER_ADDRS=<scorer0>" in dry.stdout and not (tmp_path / "dry" / "0" / "logs").exists()
     for overrides, message in (
         (
             ["+roles.scorer.primary=true", "+roles.trainer.primary=true"],
-            "Invalid roles.scorer.primary=True: role 'trainer' is primary",
+            "is primary already; a job has one primary role",
         ),
         (["roles.scorer.num_nodes=0"], "Invalid roles.scorer.num_nodes=0: expected a whole number >= 1"),
     ):
@@ -133,3 +136,76 @@ def test_dry_run_shows_each_role_and_bad_input_is_one_line(tmp_path, tag):
     # a role the app does not have: Hydra's own refusal names the key and how to add it
     typo = run_example("roles.scorr.num_nodes=2", sweep_dir=tmp_path / "typo", tag=tag)
     assert typo.returncode != 0 and "Could not override 'roles.scorr.num_nodes'" in typo.stderr
+
+
+# ------------------------------------------------------------------------------------------------ on SLURM
+
+
+def _sdiag_submits() -> Tuple[int, int]:
+    """slurmctld's counts of sbatch submissions so far: of plain jobs and of heterogeneous ones (sdiag's
+    REQUEST_SUBMIT_BATCH_JOB and REQUEST_SUBMIT_BATCH_HET_JOB; absent until the first of its kind)."""
+    out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
+
+    def count(rpc: str) -> int:
+        found = re.search(rf"{rpc}\s+\(\s*\d+\)\s+count:(\d+)", out)
+        return int(found.group(1)) if found else 0
+
+    return count("REQUEST_SUBMIT_BATCH_JOB"), count("REQUEST_SUBMIT_BATCH_HET_JOB")
+
+
+def test_on_slurm_the_example_is_one_heterogeneous_job(slurm_cluster, tmp_path, tag):
+    before = _sdiag_submits()
+    done = run_example("cluster=slurm", sweep_dir=tmp_path, tag=tag)
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = _sdiag_submits()
+    assert (after[0] - before[0], after[1] - before[1]) == (0, 1)  # one submission, heterogeneous, for both roles
+    (result,) = results(tmp_path)
+    job = tmp_path / "0"
+    # its components, each with its own nodes and CPUs: the trainer's 2 nodes of machine=cpu (4 CPUs a node agent),
+    # the scorer's 1 node of its own machine, cpu_small (2)
+    shown = subprocess.run(["scontrol", "show", "job", result["scheduler_id"]], capture_output=True, text=True).stdout
+    components = re.findall(r"HetJobOffset=(\d+).*?NumNodes=(\d+) NumCPUs=(\d+)", shown, re.S)
+    assert components == [("0", "2", "8"), ("1", "1", "2")], shown
+    roles = json.loads((job / "roles.json").read_text())["roles"]
+    assert roles["trainer"]["addrs"] != roles["scorer"]["addrs"]  # different hosts of the cluster
+    scorer_at = f"scorer@{roles['scorer']['addrs'][0]}:{roles['scorer']['port']}"
+    trainer_at = f"trainer@{','.join(roles['trainer']['addrs'])}:{roles['trainer']['port']}"
+    assert sorted(role_lines(job)) == sorted(
+        [f"ROLE trainer rank {r} of 4 (node {r // 2}); others: {scorer_at}" for r in range(4)]
+        + [f"ROLE scorer rank 0 of 1 (node 0); others: {trainer_at}"]
+    )
+    assert json.loads((job / "scorer.json").read_text())["count"] == 16
+    assert result["status"] == "COMPLETED" and result["return_value"]["steps"] == 20
+    assert [(r["name"], r["num_nodes"], r["status"]) for r in result["roles"]] == [
+        ("trainer", 2, "COMPLETED"),
+        ("scorer", 1, "COMPLETED"),
+    ]
+
+
+def test_on_slurm_a_scorer_that_raises_stops_the_trainers(slurm_cluster, tmp_path, tag):
+    started = time.monotonic()
+    done = run_example("cluster=slurm", "steps=100000", sweep_dir=tmp_path, tag=tag, SCORER_FAIL_AFTER="3")
+    assert done.returncode != 0 and time.monotonic() - started < 120
+    (result,) = results(tmp_path)
+    assert result["status"] == "FAILED" and result["failure"]["role"] == "scorer"
+    assert "role scorer rank 0 (node 0) raised RuntimeError: the scorer broke" in done.stdout
+    assert [(r["name"], r["status"]) for r in result["roles"]] == [("trainer", "STOPPED"), ("scorer", "FAILED")]
+
+
+def test_on_slurm_a_sweep_over_the_scorers_nodes(slurm_cluster, tmp_path, tag):
+    # the test cluster has 3 nodes: a trainer of 1 node beside a scorer of 1, then of 2
+    done = run_example(
+        "cluster=slurm",
+        "roles.trainer.num_nodes=1",
+        "roles.scorer.num_nodes=1,2",
+        "steps=5",
+        sweep_dir=tmp_path,
+        tag=tag,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = results(tmp_path)
+    assert [[(r["name"], r["num_nodes"], r["status"]) for r in result["roles"]] for result in found] == [
+        [("trainer", 1, "COMPLETED"), ("scorer", 1, "COMPLETED")],
+        [("trainer", 1, "COMPLETED"), ("scorer", 2, "COMPLETED")],
+    ]
+    assert len([line for line in role_lines(tmp_path / "1") if line.startswith("ROLE scorer")]) == 2

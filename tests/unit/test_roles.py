@@ -138,8 +138,9 @@ def test_dry_run_shows_each_roles_nodes_command_and_environment(tmp_path):
     plan = plan_of([*TRAINER_SCORER, "+roles.scorer.env.SCORER_TOKEN=hunter2"], tmp_path)
     text = dryrun.render(plan, [])
     assert "topology   trainer 2 x 2 + scorer 1 x 1 = 3 nodes, 5 ranks" in text
-    assert "role trainer (primary: the job ends when it ends): 2 nodes x 2 devices = 4 ranks, runs the task" in text
-    assert "role scorer (early_exit=fail): 1 nodes x 1 devices = 1 ranks, runs 'python score.py' once per rank" in text
+    assert "role trainer (primary: the job ends when it ends): 2 nodes x 2 devices = 4 ranks on cpu: 4 vCPU" in text
+    assert "role scorer (early_exit=fail): 1 nodes x 1 devices = 1 ranks on cpu: 4 vCPU" in text
+    assert ", runs 'python score.py' once per rank" in text
     assert "MMT_ROLE_SCORER_ADDRS=<scorer0>" in text and "MMT_ROLE_TRAINER_ADDRS=<trainer0>,<trainer1>" in text
     assert "SCORER_TOKEN=***" in text and "hunter2" not in text
 
@@ -171,6 +172,53 @@ def test_refused_in_one_line(overrides, message, tmp_path):
 
 def test_a_backend_without_roles_refuses_them(tmp_path):
     with pytest.raises(
-        ConfigError, match=r"Invalid roles='trainer, scorer': cluster=slurm does not run a job with roles"
+        ConfigError, match=r"Invalid roles='trainer, scorer': cluster=ray does not run a job with roles"
     ):
-        plan_of(TRAINER_SCORER, tmp_path, cluster="slurm")
+        plan_of(TRAINER_SCORER, tmp_path, cluster="ray")
+
+
+def test_a_role_may_have_its_own_machine_composed_into_it(tmp_path):
+    plan = plan_of([*TRAINER_SCORER, "+machine@roles.scorer.machine=cpu_small"], tmp_path)
+    trainer, scorer = plan.roles
+    assert (trainer.machine.name, scorer.machine.name, plan.machine.name) == ("cpu", "cpu_small", "cpu")
+    hours = plan.timeout_s / 3600
+    expected = (2 * trainer.machine.price_per_hour + scorer.machine.price_per_hour) * hours
+    assert plan.cost_estimate() == pytest.approx(expected)
+    assert "(trainer 2 x $0.19/h + scorer 1 x $0.08/h)" in dryrun.render(plan, [])
+    with pytest.raises(ConfigError, match=r"Invalid roles.scorer.machine='cpu_small': expected a machine catalogue"):
+        plan_of([*TRAINER_SCORER, "+roles.scorer.machine=cpu_small"], tmp_path)
+
+
+def test_on_slurm_one_heterogeneous_job_a_component_per_role(tmp_path):
+    """The sbatch script (rendered as the dry run shows it; no cluster needed): the primary's nodes first, then a
+    component per role with its own nodes and its machine's CPUs, one srun step over every component whose task
+    logs are named by the leader's id (a later component's own %j dir does not exist)."""
+    from mmt.backends.slurm.sbatch import SlurmSettings, render_script
+    from mmt.core.jobdir import JobDir
+
+    plan = plan_of([*TRAINER_SCORER, "+machine@roles.scorer.machine=cpu_small"], tmp_path, cluster="slurm")
+    settings = SlurmSettings.for_watching()
+    script = render_script(plan, settings, str(tmp_path), "mmt-x", JobDir(tmp_path).attempt("a"))
+    header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    split = header.index("#SBATCH hetjob")
+    assert "#SBATCH --nodes=2" in header[:split] and "#SBATCH --cpus-per-task=4" in header[:split]
+    assert header[split + 1 :] == [
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --cpus-per-task=2",
+        "#SBATCH --time=60",
+    ]
+    (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert srun.startswith("srun --het-group=0-1 ") and "%j" not in srun and '"$SLURM_JOB_ID"' in srun
+    with pytest.raises(ConfigError, match=r"Invalid hydra.launcher.tasks='per_rank': a job with roles"):
+        plan_of([*TRAINER_SCORER, "hydra.launcher.tasks=per_rank"], tmp_path, cluster="slurm")
+
+
+def test_a_heterogeneous_jobs_components_are_the_job_by_its_leaders_id():
+    """squeue lists a heterogeneous job as one row per component (``1814+0``, ``1814+1``): the job is its leader's
+    id, in the first component's state (where its batch script runs); without this it was GONE at once."""
+    from mmt.backends.slurm.queue import job_ids_in, parse_squeue
+
+    assert job_ids_in("1814+0") == ["1814"] and job_ids_in("1814+1") == []
+    states = parse_squeue("1814+0|RUNNING|0|None|\n1814+1|COMPLETING|0|None|\n1815|PENDING|0|Resources|\n")
+    assert {job: state.state for job, state in states.items()} == {"1814": "RUNNING", "1815": "PENDING"}

@@ -24,6 +24,7 @@ from mmt.core.jobdir import Attempt, JobDir
 from mmt.monitor import hangs
 from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
 from mmt.planning.plan import JobPlan
+from mmt.records.schema import ErrorRecord, ExitRecord
 
 _TICK_S = 0.05
 # how long a rank has to acknowledge SLURM's own requeue signal before its agent forwards it
@@ -43,6 +44,32 @@ class NodeRun:
     metrics_interval_s: float = 0.0
     # the job's plan, where it watches for hangs (plan.hang_timeout_s): every node agent watches the whole job
     hang_plan: Optional[JobPlan] = None
+    # a node of a non-primary role: when its role ends (the primary's end), and what an earlier end of its own means
+    role_watch: Optional["RoleWatch"] = None
+
+
+@dataclass(frozen=True)
+class RoleWatch:
+    """What the agent of a node of a non-primary role watches: the primary role's processes. Once they have all
+    exited 0, the job is done, and the agent stops its own ranks and exits 0 (a stop, not a failure). Its own ranks
+    all ending cleanly before that fails the job when the role says ``early_exit=fail``."""
+
+    role: str
+    primary: str
+    primary_indices: Tuple[int, ...]
+    early_exit: str
+
+    def primary_done(self, attempt: Attempt) -> bool:
+        records = [ExitRecord.read(attempt.exit_file(index)) for index in self.primary_indices]
+        return all(record is not None and record.code == 0 for record in records)
+
+    def ended_early(self, attempt: Attempt, index: int) -> None:
+        """Record the role's clean early end as process ``index``'s failure (the job's conclusion names it)."""
+        ErrorRecord(
+            exception=f"EndedEarly: role {self.role} ended before the primary role {self.primary} "
+            "(the role's early_exit=fail)",
+            traceback="",
+        ).write(attempt.error_file(index))
 
 
 def node_run(
@@ -141,10 +168,12 @@ def run(node: NodeRun) -> int:
     # every node agent watches the whole job (its files are on the shared filesystem) and asks its own ranks for
     # their stacks; the first to see them all writes the job's hang record, then each stops its ranks
     hang = hangs.HangWatch(node.hang_plan, attempt) if node.hang_plan and node.hang_plan.hang_timeout_s else None
+    roles = _RoleEnd(node.role_watch, attempt)
     while not job.ended:
         _reap(job)
         metrics.sample(job)
         forward_requeue()
+        roles.check(job)
         if hang is not None and not terminated:
             running = [i for i in range(hang.plan.process_count) if attempt.done(i) is None]
             detail = hang.check(time.monotonic(), {p.index: p.pid for p in job.running}, running)
@@ -155,7 +184,7 @@ def run(node: NodeRun) -> int:
         job.tick()
         if not job.ended:
             time.sleep(_TICK_S)
-    code = 0 if job.succeeded else 1
+    code = roles.code(job, node.processes[0].index if node.processes else 0)
     attempt.write_agent(node.node_rank, {**record, **terminated, "ended": time.time(), "code": code})
     timeline.mark_at(attempt.timeline, timeline.AGENT_END, node=node.node_rank)
     return code
@@ -177,6 +206,36 @@ def main(argv: Optional[List[str]] = None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # no interpreter teardown (torch's is tenths of a second): the node's exit ends the job sooner
+
+
+class _RoleEnd:
+    """A non-primary role's node: stop its ranks once the primary role has ended (looked at twice a second)."""
+
+    def __init__(self, watch: Optional[RoleWatch], attempt: Attempt) -> None:
+        self.watch, self.attempt = watch, attempt
+        self.primary_done = False
+        self._next = 0.0
+
+    def check(self, job: JobProcesses) -> None:
+        if self.watch is None or self.primary_done or job.stopping_since is not None:
+            return
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + 0.5
+            if self.watch.primary_done(self.attempt):
+                self.primary_done = True
+                job.stop()
+
+    def code(self, job: JobProcesses, first_index: int) -> int:
+        """The agent's exit code: 0 when its ranks succeeded, or were stopped because the primary role ended."""
+        if self.watch is None:
+            return 0 if job.succeeded else 1
+        if self.primary_done and job.first_failure is None:
+            return 0
+        if job.succeeded and self.watch.early_exit == "fail" and not self.watch.primary_done(self.attempt):
+            self.watch.ended_early(self.attempt, first_index)
+            return 1
+        return 0 if job.succeeded else 1
 
 
 def _reap(job: JobProcesses) -> None:

@@ -43,8 +43,8 @@ class JobConf:
     command_mode: Any = "${oc.select:command_mode,per_node}"
     # extra environment variables for every rank: {NAME: value}; values are never printed
     env: Any = "${oc.select:env,null}"
-    # the job's roles: {name: {num_nodes, devices, command, command_mode, env, primary, early_exit}}, each its own
-    # world; null = every node alike (docs/roles.md)
+    # the job's roles: {name: {num_nodes, devices, machine, command, command_mode, env, primary, early_exit}}, each
+    # its own world; null = every node alike (docs/roles.md)
     roles: Any = "${oc.select:roles,null}"
     # the recipe's batch section: global_size (+ recipe, precision, default_micro, micro, table); the plan splits
     # it into micro-batch x accumulation for each job's world and machine; null = no batch plan

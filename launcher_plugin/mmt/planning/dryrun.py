@@ -30,6 +30,8 @@ def _machine_line(plan: JobPlan) -> str:
 
 
 def _cost_lines(plan: JobPlan) -> List[str]:
+    if plan.roles:
+        return _roles_cost_lines(plan)
     hours = plan.timeout_s / 3600.0
     price = plan.machine.price_per_hour
     if price is None:
@@ -38,6 +40,20 @@ def _cost_lines(plan: JobPlan) -> List[str]:
         f"  cost       ${price:.2f}/h per node x {plan.num_nodes:,} nodes x {hours:g} h time limit "
         f"= ${plan.cost_estimate():,.2f} (upper bound, on-demand list price estimate)",
         f"  price      {plan.machine.price_source or 'source not recorded'}",
+    ]
+
+
+def _roles_cost_lines(plan: JobPlan) -> List[str]:
+    """Each role's nodes at its machine's price; unknown when one role's machine has none."""
+    unpriced = [role.machine.name for role in plan.roles if role.machine.price_per_hour is None]
+    if unpriced:
+        return [f"  cost       unknown: no price for machine {unpriced[0]!r}"]
+    terms = " + ".join(f"{role.name} {role.num_nodes:,} x ${role.machine.price_per_hour:.2f}/h" for role in plan.roles)
+    sources = {role.machine.name: role.machine.price_source for role in plan.roles}
+    return [
+        f"  cost       ({terms}) x {plan.timeout_s / 3600.0:g} h time limit = ${plan.cost_estimate():,.2f} "
+        "(upper bound, on-demand list price estimate)",
+        *(f"  price      {name}: {source or 'source not recorded'}" for name, source in sources.items()),
     ]
 
 
@@ -137,7 +153,8 @@ def _roles_lines(plan: JobPlan) -> List[str]:
         lines += [
             f"  role {role.name}"
             + (" (primary: the job ends when it ends)" if role.primary else f" (early_exit={role.early_exit})")
-            + f": {role.num_nodes:,} nodes x {role.devices:,} devices = {role.world_size:,} ranks, runs {_runs(own)}",
+            + f": {role.num_nodes:,} nodes x {role.devices:,} devices = {role.world_size:,} ranks on "
+            f"{_machine_line(own)}, runs {_runs(own)}",
             *("  " + line for line in _env_lines(own, role_env(plan, role, sites, roles_file), role.name)),
         ]
     return lines
@@ -181,7 +198,6 @@ def _render_roles(plan: JobPlan, backend_lines: List[str]) -> str:
         f"{plan.label} ({plan.name}): "
         f"{' '.join(masked_overrides(plan.overrides, plan.secret_names)) or '(no overrides)'}",
         f"  topology   {shapes} = {plan.num_nodes:,} nodes, {plan.world_size:,} ranks",
-        f"  machine    {_machine_line(plan)}",
         f"  image      {plan.image or '(none: this environment)'}",
         f"  batch      {plan.batch.describe() if plan.batch else _no_batch(plan)} (the primary role's)",
         f"  time limit {plan.timeout_s / 60:g} min",

@@ -129,6 +129,7 @@ class JobPlan:
             self,
             num_nodes=role.num_nodes,
             devices=role.devices,
+            machine=role.machine,
             command=role.command,
             command_mode=role.command_mode,
             env={**self.env, **role.env},
@@ -212,7 +213,26 @@ class JobPlan:
         """Upper bound in USD: nodes x price per node-hour x time limit; None when the price is unknown."""
         if self.machine.price_per_hour is None:
             return None
+        if self.roles:
+            prices = [(role.num_nodes, role.machine.price_per_hour) for role in self.roles]
+            if any(price is None for _, price in prices):
+                return None
+            return sum(nodes * (price or 0.0) for nodes, price in prices) * self.timeout_s / 3600.0
         return self.num_nodes * self.machine.price_per_hour * self.timeout_s / 3600.0
+
+
+def _role_machine(key: str, value: Any) -> Machine:
+    """A role's own machine: a catalogue entry composed into the role, as the job's is."""
+    if not isinstance(value, (dict, DictConfig)):
+        role = key.split(".")[1]
+        raise ConfigError(
+            key,
+            value,
+            "expected a machine catalogue entry composed into the role, not its name",
+            f"compose it: - /machine@{role}.machine: <name> in the roles config's defaults, "
+            f"or +machine@roles.{role}.machine=<name> on the command line",
+        )
+    return machine_from_config(value)
 
 
 def _devices(value: Any, machine: Machine, key: str = "devices") -> int:
@@ -275,13 +295,14 @@ def plan_job(
     num_nodes = check.whole_number("num_nodes", launcher_cfg.num_nodes, 1, "nodes per job, e.g. num_nodes=2")
     devices = _devices(launcher_cfg.devices, machine)
     framework, command_mode = _framework_and_mode(launcher_cfg, command, devices)
-    roles = _roles(launcher_cfg, machine, JobDefaults(num_nodes, devices, command, command_mode), framework)
+    roles = _roles(launcher_cfg, JobDefaults(num_nodes, devices, machine, command, command_mode), framework)
     env = check.env_vars("env", launcher_cfg.env)
     if roles:  # the job's own fields become the primary role's; its node count, every role's
         primary = roles[0]
-        num_nodes, devices, command, command_mode = (
+        num_nodes, devices, machine, command, command_mode = (
             sum(role.num_nodes for role in roles),
             primary.devices,
+            primary.machine,
             primary.command,
             primary.command_mode,
         )
@@ -334,13 +355,14 @@ def plan_job(
     )
 
 
-def _roles(launcher_cfg: DictConfig, machine: Machine, defaults: JobDefaults, framework: str) -> Tuple[RolePlan, ...]:
+def _roles(launcher_cfg: DictConfig, defaults: JobDefaults, framework: str) -> Tuple[RolePlan, ...]:
     roles = plan_roles(
         OmegaConf.select(launcher_cfg, "roles", default=None),
         defaults,
-        devices_of=lambda key, value: _devices(value, machine, key),
+        devices_of=lambda key, value, machine: _devices(value, machine, key),
         command_of=lambda key, value: _command(value, key),
         env_of=check.env_vars,
+        machine_of=_role_machine,
     )
     if roles and framework != FRAMEWORK_NONE:
         raise ConfigError(

@@ -1,11 +1,12 @@
 """A job's roles (``roles.<name>.*``): named parts of one job, each with its own node count, devices, command and
 environment, validated into ``RolePlan``s before anything starts.
 
-A role has the keys a job has (``num_nodes``, ``devices``, ``command``, ``command_mode``, ``env``), each defaulting to
-the job's own, plus ``primary`` (the job ends when this role's processes have all ended; the others are stopped
-then) and ``early_exit`` (what a non-primary role's clean exit before the primary's end means: ``ok``, or ``fail``,
-the default: a server role that goes away early is a failure). A role without a command runs the app's task
-function, which tells its role by ``MMT_ROLE``.
+A role has the keys a job has (``num_nodes``, ``devices``, ``machine``, ``command``, ``command_mode``, ``env``), each
+defaulting to the job's own (a role's machine is a catalogue entry composed into it, as the job's is:
+``- /machine@scorer.machine: cpu`` in a roles config), plus ``primary`` (the job ends when this role's processes
+have all ended; the others are stopped then) and ``early_exit`` (what a non-primary role's clean exit before the
+primary's end means: ``ok``, or ``fail``, the default: a server role that goes away early is a failure). A role
+without a command runs the app's task function, which tells its role by ``MMT_ROLE``.
 
 The job's processes are the roles' in order, the primary role first (so process 0, whose result is the job's, is
 the primary's rank 0); each role's nodes and processes are contiguous. Pure: nothing here starts anything.
@@ -17,10 +18,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from mmt.core.errors import ConfigError
 from mmt.planning import validate as check
+from mmt.planning.machine import Machine
 
 # a role's name is part of variable names (MMT_ROLE_<NAME>_ADDRS) and of file names (logs/<role>/)
 _ROLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
-ROLE_KEYS = ("num_nodes", "devices", "command", "command_mode", "env", "primary", "early_exit")
+ROLE_KEYS = ("num_nodes", "devices", "machine", "command", "command_mode", "env", "primary", "early_exit")
 EARLY_EXIT = ("fail", "ok")
 # the role that is primary when none says so
 DEFAULT_PRIMARY = "trainer"
@@ -33,6 +35,8 @@ class RolePlan:
     name: str
     num_nodes: int
     devices: int
+    # its nodes' machine: the job's, or one of its own
+    machine: Machine
     command: Optional[str]
     command_mode: str
     # the role's own variables, on top of the job's env (values never printed)
@@ -77,17 +81,19 @@ class JobDefaults:
 
     num_nodes: int
     devices: int
+    machine: Machine
     command: Optional[str]
     command_mode: str
 
 
 def plan_roles(
-    raw: Any, defaults: JobDefaults, *, devices_of: Any, command_of: Any, env_of: Any
+    raw: Any, defaults: JobDefaults, *, devices_of: Any, command_of: Any, env_of: Any, machine_of: Any
 ) -> Tuple[RolePlan, ...]:
     """The job's roles from ``roles`` (a mapping of role name to its keys), primary first; () without roles.
 
-    ``devices_of(key, value)``, ``command_of(key, value)`` and ``env_of(key, value)`` validate those keys as the
-    job's own are validated (the machine's GPU count, a non-blank command, reserved variable names).
+    ``devices_of(key, value, machine)``, ``command_of(key, value)``, ``env_of(key, value)`` and ``machine_of(key,
+    value)`` validate those keys as the job's own are validated (the machine's GPU count, a non-blank command,
+    reserved variable names, a catalogue entry).
     """
     roles = check.plain(raw)
     if roles is None or roles == {}:
@@ -96,7 +102,8 @@ def plan_roles(
         raise ConfigError(
             "roles", roles, "expected a mapping of role name to its keys", "e.g. +roles.scorer.num_nodes=1"
         )
-    parsed = [_role(str(name), keys, defaults, devices_of, command_of, env_of) for name, keys in roles.items()]
+    checks = (devices_of, command_of, env_of, machine_of)
+    parsed = [_role(str(name), keys, defaults, *checks) for name, keys in roles.items()]
     primary = _primary(parsed)
     ordered = [primary] + [role for role in parsed if role["name"] != primary["name"]]
     plans: List[RolePlan] = []
@@ -108,7 +115,9 @@ def plan_roles(
     return tuple(plans)
 
 
-def _role(name: str, keys: Any, defaults: JobDefaults, devices_of: Any, command_of: Any, env_of: Any) -> Dict[str, Any]:
+def _role(
+    name: str, keys: Any, defaults: JobDefaults, devices_of: Any, command_of: Any, env_of: Any, machine_of: Any
+) -> Dict[str, Any]:
     if not _ROLE_NAME.match(name):
         raise ConfigError(
             f"roles.{name}",
@@ -135,7 +144,11 @@ def _role(name: str, keys: Any, defaults: JobDefaults, devices_of: Any, command_
         1,
         f"nodes of the role, e.g. {prefix}.num_nodes=1",
     )
-    devices = defaults.devices if keys.get("devices") is None else devices_of(f"{prefix}.devices", keys["devices"])
+    machine = defaults.machine if keys.get("machine") is None else machine_of(f"{prefix}.machine", keys["machine"])
+    if keys.get("devices") is not None:
+        devices = devices_of(f"{prefix}.devices", keys["devices"], machine)
+    else:  # its own machine's GPU count, as a job's devices=null is
+        devices = defaults.devices if machine is defaults.machine else machine.default_devices
     command = command_of(f"{prefix}.command", keys["command"]) if "command" in keys else defaults.command
     primary = keys.get("primary", None)
     if primary is not None and not isinstance(primary, bool):
@@ -144,6 +157,7 @@ def _role(name: str, keys: Any, defaults: JobDefaults, devices_of: Any, command_
         "name": name,
         "num_nodes": num_nodes,
         "devices": devices,
+        "machine": machine,
         "command": command,
         "command_mode": check.choice(
             f"{prefix}.command_mode", keys.get("command_mode", defaults.command_mode), check.COMMAND_MODES

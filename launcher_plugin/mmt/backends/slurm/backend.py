@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from mmt.backends.base import Submission, roles_problems
+from mmt.backends.base import Submission
 from mmt.backends.scheduled import STOP_RETRY_S, ScheduledBackend, ScheduledJob
 from mmt.backends.slurm import oci, pending, queue, records
 from mmt.backends.slurm.conclusion import conclude
@@ -36,6 +36,7 @@ from mmt.backends.slurm.sbatch import (
     task_command,
     tasks_per_node,
     with_container,
+    with_het_components,
     with_restart_loop,
 )
 from mmt.backends.slurm.task import (
@@ -142,14 +143,45 @@ def _executor_class() -> Any:
                 if self.mmt_job is None:
                     return text
                 plan, target = self.mmt_job
-                return with_restart_loop(with_container(text, plan, self.mmt_settings, target), plan, target)
+                text = with_container(text, plan, self.mmt_settings, target)
+                text = with_het_components(text, plan, self.mmt_settings)
+                return with_restart_loop(text, plan, target)
 
         _EXECUTOR = SessionSlurmExecutor
     return _EXECUTOR
 
 
+def _roles_problems(plan: JobPlan, settings: SlurmSettings) -> List[ConfigError]:
+    """A job with roles runs as one heterogeneous job of node agents, in this environment."""
+    if not plan.roles:
+        return []
+    names = ", ".join(role.name for role in plan.roles)
+    if not settings.agent_per_node:
+        return [
+            ConfigError(
+                "hydra.launcher.tasks",
+                settings.tasks,
+                f"a job with roles ({names}) runs one node agent per node, which starts its role's ranks",
+                "use hydra.launcher.tasks=per_node",
+            )
+        ]
+    if plan.image is not None:
+        return [
+            ConfigError(
+                "image",
+                plan.image,
+                f"cluster=slurm runs a job with roles ({names}) in this environment only, not in an image",
+                "drop image=..., or run the roles as separate jobs",
+            )
+        ]
+    return []
+
+
 class SlurmBackend(ScheduledBackend[SlurmJob, SlurmSettings], name="slurm", settings=SlurmSettings, records=records):
     """One SLURM job of N nodes per mmt job, through submitit; it watches the jobs it registered too."""
+
+    # a job with roles: one heterogeneous job, a component per role (sbatch.with_het_components)
+    runs_roles = True
 
     def __init__(self, settings: SlurmSettings) -> None:
         super().__init__(settings)
@@ -158,7 +190,7 @@ class SlurmBackend(ScheduledBackend[SlurmJob, SlurmSettings], name="slurm", sett
     # ------------------------------------------------------------------------------------------ planning
 
     def problems(self, plan: JobPlan) -> List[ConfigError]:
-        found = roles_problems(self, plan)
+        found = _roles_problems(plan, self.settings)
         if plan.framework == "tensorflow" and plan.processes_per_node > FRAMEWORK_PORT_WINDOW:
             found.append(
                 ConfigError(
@@ -225,12 +257,21 @@ class SlurmBackend(ScheduledBackend[SlurmJob, SlurmSettings], name="slurm", sett
                 f"process % {FRAMEWORK_PORT_WINDOW}, each held by its node's agent",
             )
         throttle = self.settings.max_parallel_jobs
-        lines.insert(
-            -1,
-            "  array      the launch's jobs that share this script go out as one job array (#SBATCH --array=0-<n-1>"
-            + (f"%{throttle}: at most {throttle} of its tasks at once" if throttle else "")
-            + "), job i as task <array id>_i",
-        )
+        if plan.roles:
+            lines.insert(
+                -1,
+                "  roles      one heterogeneous job: a component per role (#SBATCH hetjob), the primary's first; one "
+                "srun step over all of them (--het-group), each role's MASTER_PORT and port = 10000 + (job id x 8 + "
+                "2 x role) % 19999 (+1), held by the role's first node",
+            )
+        else:
+            lines.insert(
+                -1,
+                "  array      the launch's jobs that share this script go out as one job array (#SBATCH "
+                "--array=0-<n-1>"
+                + (f"%{throttle}: at most {throttle} of its tasks at once" if throttle else "")
+                + "), job i as task <array id>_i",
+            )
         if plan.after:
             lines.insert(
                 -1,
@@ -284,6 +325,8 @@ class SlurmBackend(ScheduledBackend[SlurmJob, SlurmSettings], name="slurm", sett
                 TaskTarget(manifest=Path("<manifest>")),
                 self._after(submission),
             )
+            if submission.plan.roles:  # a heterogeneous job cannot be a job array's task: one sbatch each
+                key = f"{key}\n# {submission.plan.job_id}"
             groups.setdefault(key, []).append(submission)
         # MaxArraySize: indices below it (0: the site allows no job arrays); None when it cannot be asked
         largest = queue.max_array_size() if any(len(group) > 1 for group in groups.values()) else None

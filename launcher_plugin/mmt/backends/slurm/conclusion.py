@@ -10,7 +10,7 @@ from mmt.backends.slurm.nodes import LostNode, lost_in_run, lost_node_detail
 from mmt.backends.slurm.queue import GONE
 from mmt.backends.slurm.task import failed_tasks
 from mmt.core.errors import RankFailure
-from mmt.core.jobdir import Attempt, JobDir
+from mmt.core.jobdir import Attempt
 from mmt.core.states import JobState
 from mmt.monitor.hangs import read_hang
 from mmt.planning.plan import JobPlan
@@ -30,7 +30,7 @@ def srun_failure(plan: JobPlan, stderr: Optional[Path]) -> Optional[RankFailure]
         if index >= plan.process_count:
             continue
         place = plan.place(index)
-        log = JobDir(Path(plan.job_dir)).log(place.node_rank, place.rank, plan.per_node)
+        log = plan.log_path(index)
         return RankFailure(
             rank=place.rank,
             node_rank=place.node_rank,

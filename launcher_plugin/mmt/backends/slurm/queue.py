@@ -76,9 +76,18 @@ def ask(args: list, env: Optional[Dict[str, str]] = None, timeout_s: float = 30)
 _ARRAY_TASKS = re.compile(r"^(\d+)_\[([0-9,\-]+)(?:%\d+)?\]$")
 
 
+# a component of a heterogeneous job (a job with roles): <leader id>+<offset>
+_HET_COMPONENT = re.compile(r"^(\d+)\+(\d+)$")
+
+
 def job_ids_in(field: str) -> List[str]:
     """The job ids one row of squeue or sacct stands for: a job array's tasks that have not started yet are one row
-    (``453_[2-5%2]``, ``453_[1,4-6]``), each task by its own id (``453_2`` ...)."""
+    (``453_[2-5%2]``, ``453_[1,4-6]``), each task by its own id (``453_2`` ...). A heterogeneous job's components
+    (``453+0``, ``453+1``) are the job by its leader's id: its first component, where its batch script runs, stands
+    for it (the others none)."""
+    component = _HET_COMPONENT.match(field)
+    if component is not None:
+        return [component.group(1)] if component.group(2) == "0" else []
     match = _ARRAY_TASKS.match(field)
     if match is None:
         return [field]

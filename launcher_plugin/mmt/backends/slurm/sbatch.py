@@ -30,6 +30,7 @@ from mmt.core.jobdir import WATCHED_FRESH_S, Attempt
 from mmt.core.rank_env import MMT_RESTART_COUNT
 from mmt.core.states import StartMethod
 from mmt.planning import validate as check
+from mmt.planning.machine import Machine
 from mmt.planning.plan import JobPlan
 
 TASK_LAYOUTS = ("per_node", "per_rank")
@@ -332,6 +333,16 @@ def finalize_line(target: Union[Attempt, TaskTarget]) -> str:
     return f"trap {shlex.quote(body)} EXIT"
 
 
+def node_resources(machine: Machine, settings: SlurmSettings, per_node: int) -> Tuple[Optional[int], int]:
+    """(CPUs per task, GPUs per node) of a node of ``machine`` with ``per_node`` tasks: the site's settings, else
+    the machine's."""
+    cpus = settings.cpus_per_task
+    if cpus is None and machine.cpus:
+        cpus = max(1, machine.cpus // per_node)
+    gpus = settings.gpus_per_node if settings.gpus_per_node is not None else machine.gpus
+    return cpus, gpus
+
+
 def sbatch_parameters(
     plan: JobPlan,
     settings: SlurmSettings,
@@ -342,13 +353,11 @@ def sbatch_parameters(
 ) -> Dict[str, Any]:
     """The parameters of submitit's SlurmExecutor for this job (its names: time, ntasks_per_node, mem ...)."""
     per_node = tasks_per_node(plan, settings)
-    cpus = settings.cpus_per_task
-    if cpus is None and plan.machine.cpus:
-        cpus = max(1, plan.machine.cpus // per_node)
-    gpus = settings.gpus_per_node if settings.gpus_per_node is not None else plan.machine.gpus
+    cpus, gpus = node_resources(plan.machine, settings, per_node)
     params: Dict[str, Any] = {
         "job_name": job_name,
-        "nodes": plan.num_nodes,
+        # a job with roles: the first component, the primary role's nodes (with_het_components adds the others)
+        "nodes": plan.roles[0].num_nodes if plan.roles else plan.num_nodes,
         "ntasks_per_node": per_node,
         "time": max(1, math.ceil(plan.timeout_s / 60.0)),
         "signal_delay_s": settings.signal_delay_s,
@@ -432,7 +441,62 @@ def render_script(
     command = task_command(plan, settings, project_dir, attempt)
     params = sbatch_parameters(plan, settings, project_dir, job_name, attempt, after)
     script = _make_sbatch_string(command=command, folder=folder, **params)
-    return with_restart_loop(with_container(script, plan, settings, attempt), plan, attempt)
+    script = with_het_components(with_container(script, plan, settings, attempt), plan, settings)
+    return with_restart_loop(script, plan, attempt)
+
+
+def with_het_components(script: str, plan: JobPlan, settings: SlurmSettings) -> str:
+    """A job with roles is one heterogeneous job: the primary role's nodes are the first component (submitit's
+    own lines), each other role a component of its own after ``#SBATCH hetjob`` (its nodes, one task per node, the
+    same machine and placement), and the srun step spans every component (``--het-group=0-<n>``): one submission,
+    one allocation, one step, each task a node agent that finds its role by its task id. Unchanged without roles."""
+    if len(plan.roles) < 2:
+        return script
+    lines = script.split("\n")
+    last = max(index for index, line in enumerate(lines) if line.startswith("#SBATCH "))
+    shared = [line for line in lines[: last + 1] if line.startswith(_COMPONENT_OPTIONS)]
+    extra = []
+    for role in plan.roles[1:]:
+        cpus, gpus = node_resources(role.machine, settings, 1)  # one task per node: its node agent
+        extra += [
+            "#SBATCH hetjob",
+            f"#SBATCH --nodes={role.num_nodes}",
+            "#SBATCH --ntasks-per-node=1",
+            *([f"#SBATCH --cpus-per-task={cpus}"] if cpus else []),
+            *([f"#SBATCH --gpus-per-node={gpus}"] if gpus else []),
+            *shared,
+        ]
+    lines[last + 1 : last + 1] = extra
+    at = next(index for index, line in enumerate(lines) if line.startswith("srun "))
+    lines[at] = f"srun --het-group=0-{len(plan.roles) - 1} " + _leader_paths(lines[at][len("srun ") :])
+    return "\n".join(lines)
+
+
+def _leader_paths(srun_args: str) -> str:
+    """The tasks' log paths of a heterogeneous job under its leader's id: SLURM's ``%j`` is each component's own
+    id, and a later component's tasks would find no dir of that name (submitit makes the leader's): they would not
+    start at all."""
+    words = shlex.split(srun_args)
+    for flag in ("--output", "--error"):
+        if flag in words[:-1]:
+            path = words[words.index(flag) + 1]
+            leader = '"$SLURM_JOB_ID"'.join(shlex.quote(part) for part in path.split("%j"))
+            srun_args = srun_args.replace(shlex.quote(path), leader, 1)
+    return srun_args
+
+
+# the #SBATCH options each component of a heterogeneous job repeats: its tasks, its machine, where it runs
+_COMPONENT_OPTIONS = tuple(
+    f"#SBATCH --{option}"
+    for option in (
+        "mem=",
+        "partition=",
+        "account=",
+        "qos=",
+        "constraint=",
+        "time=",
+    )
+)
 
 
 def with_restart_loop(script: str, plan: JobPlan, attempt: Union[Attempt, TaskTarget]) -> str:

@@ -22,20 +22,27 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from mmt.agent.node import NodeRun
+from mmt.agent.node import NodeRun, RoleWatch
 from mmt.agent.node import run as run_node
 from mmt.agent.processes import ProcessSpec
 from mmt.backends.slurm import oci
 from mmt.backends.slurm.nodes import node_hosts, requeue_why
 from mmt.backends.slurm.sbatch import STARTED_VAR, own_job_id
 from mmt.core import preemption, timeline
-from mmt.core.jobdir import Attempt, JobDir, open_for_append
+from mmt.core.jobdir import Attempt, JobDir, open_for_append, write_atomic
 from mmt.core.ports import PortInUseError, hold_port
 from mmt.core.rank_env import MMT_CONTAINER_EXEC, MMT_RESTART_COUNT
 from mmt.monitor import hangs
-from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
+from mmt.planning.environment import (
+    PythonEnvironment,
+    Rendezvous,
+    RoleSite,
+    process_env,
+    role_process_env,
+    roles_document,
+)
 from mmt.planning.plan import JobPlan
 from mmt.records.payload import read_task, write_task
 from mmt.records.restarts import record_requeue
@@ -69,6 +76,17 @@ FRAMEWORK_PORT_SLOTS = (32768 - FRAMEWORK_PORT_BASE) // FRAMEWORK_PORT_WINDOW
 
 def _job_number(job_id: str) -> int:
     return int(re.sub(r"\D", "", job_id) or 0)
+
+
+# A job with roles: each role's MASTER_PORT and its own port (MMT_ROLE_<NAME>_PORT), two per role, from a window of
+# ROLE_PORT_WINDOW per job id in MASTER_PORT's range (its roles' windows are disjoint for up to 4 roles)
+ROLE_PORT_WINDOW = 8
+
+
+def role_ports(job_id: str, role: int) -> Tuple[int, int]:
+    """Role ``role``'s (its index, the primary 0) MASTER_PORT and own port, which every task derives alike."""
+    first = PORT_BASE + (_job_number(job_id) * ROLE_PORT_WINDOW + 2 * role) % (PORT_SPAN - 1)
+    return first, first + 1
 
 
 def master_port(job_id: str) -> int:
@@ -175,14 +193,26 @@ class SlurmTask:
             framework_ports=framework_ports(self.plan, facts["job_id"]),
         )
 
+    def _role_sites(self, facts: Mapping[str, str]) -> Dict[str, RoleSite]:
+        """A job with roles: where each role is, from its heterogeneous component's hosts (component i: role i, the
+        primary first) and the ports its job id gives it; the same in every task."""
+        sites = {}
+        for index, role in enumerate(self.plan.roles):
+            nodelist = os.environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{index}") or facts["nodelist"]
+            hosts = node_hosts(nodelist)
+            meet, serve = role_ports(facts["job_id"], index)
+            sites[role.name] = RoleSite(Rendezvous(hosts[0], meet, node_addrs=tuple(hosts[: role.num_nodes])), serve)
+        return sites
+
     def _env(
-        self, facts: Dict[str, str], index: int, keep: Mapping[str, str], rendezvous: Optional[Rendezvous] = None
+        self,
+        facts: Dict[str, str],
+        index: int,
+        keep: Mapping[str, str],
+        rendezvous: Optional[Rendezvous] = None,
+        sites: Optional[Mapping[str, RoleSite]] = None,
     ) -> Dict[str, str]:
-        rendezvous = rendezvous or self._rendezvous(facts)
-        env = process_env(
-            self.plan,
-            self.plan.place(index),
-            rendezvous=rendezvous,
+        common: Dict[str, Any] = dict(
             inherited=os.environ,
             copied=self.copied_env,
             cores_per_node=node_cores(facts.get("cpus_on_node")),
@@ -191,6 +221,13 @@ class SlurmTask:
             # the batch script's restart loop counts the runs inside the allocation (sbatch.with_restart_loop)
             restart=int(os.environ.get(MMT_RESTART_COUNT) or 0),
         )
+        if sites is not None:
+            roles_file = str(JobDir(Path(self.plan.job_dir)).roles_file)
+            env = role_process_env(self.plan, index, sites=sites, roles_file=roles_file, **common)
+        else:
+            env = process_env(
+                self.plan, self.plan.place(index), rendezvous=rendezvous or self._rendezvous(facts), **common
+            )
         env.update(requeue_env(facts, self.attempt, self.max_requeues, index))
         env.update(hangs.hang_env(self.plan, self.attempt, index))
         return env
@@ -201,6 +238,8 @@ class SlurmTask:
 
     def __call__(self) -> int:
         facts = {key: os.environ.get(name, "") for key, name in SLURM_ENV.items()}
+        if self.plan.roles:  # one step over every component: the task id is the job's node (one task per node)
+            facts["node"] = facts["global_rank"]
         if not facts["node"]:  # inside SLURM 22.05's container: no per-task variables, one task per node
             found = oci.node_in_container(node_hosts(facts["nodelist"]))
             if found is None:
@@ -238,6 +277,8 @@ class SlurmTask:
     def _run_node(self, facts: Dict[str, str], node: int) -> int:
         job_dir = JobDir(Path(self.plan.job_dir))
         job_dir.logs.mkdir(parents=True, exist_ok=True)
+        if self.plan.roles:
+            return self._run_role_node(facts, node, job_dir)
         rendezvous = self._rendezvous(facts)  # once per node
         with (
             master_port_held(rendezvous, self.attempt, self.plan.node_indices(node)[0], here=node == 0) as held,
@@ -247,12 +288,41 @@ class SlurmTask:
         ):
             return self._run_agent(facts, node, rendezvous, job_dir) if held and also else 1
 
-    def _run_agent(self, facts: Dict[str, str], node: int, rendezvous: Rendezvous, job_dir: JobDir) -> int:
+    def _run_role_node(self, facts: Dict[str, str], node: int, job_dir: JobDir) -> int:
+        """A node of a job with roles: its role's node 0 holds the role's two ports; every node writes the roles
+        file (the same content, atomically) before its ranks start, so that none starts before it is there."""
+        role = next(role for role in self.plan.roles if node in role.nodes)
+        sites = self._role_sites(facts)
+        document = json.dumps(roles_document(self.plan, sites), indent=2) + "\n"
+        write_atomic(job_dir.roles_file, document.encode())
+        site, first = sites[role.name], self.plan.node_indices(node)[0]
+        with contextlib.ExitStack() as stack:
+            if node == role.first_node:
+                ports = ((site.rendezvous.master_port, "MASTER_PORT"), (site.port, "port"))
+                if not all(
+                    _hold_or_report(int(str(port)), f"role {role.name}'s {what}", self.attempt, first, stack)
+                    for port, what in ports
+                ):
+                    return 1
+            watch = None
+            if not role.primary:
+                primary = self.plan.roles[0]
+                watch = RoleWatch(role.name, primary.name, tuple(primary.indices), role.early_exit)
+            return self._run_agent(facts, node, site.rendezvous, job_dir, sites=sites, role_watch=watch)
+
+    def _run_agent(
+        self,
+        facts: Dict[str, str],
+        node: int,
+        rendezvous: Rendezvous,
+        job_dir: JobDir,
+        sites: Optional[Mapping[str, RoleSite]] = None,
+        role_watch: Optional[RoleWatch] = None,
+    ) -> int:
         specs = []
         for index in self.plan.node_indices(node):
             self.attempt.clear_process(index)  # a requeued job runs again in place
-            place = self.plan.place(index)
-            env = self._env(facts, index, {}, rendezvous)
+            env = self._env(facts, index, {}, rendezvous, sites)
             if self.oci_bundle is not None:
                 host = os.environ.get("SLURMD_NODENAME") or rendezvous.node_addrs[node]
                 argv = oci.rank_exec(Path(self.oci_bundle), host, facts["job_id"], os.environ.get("SLURM_CONF"))
@@ -265,9 +335,10 @@ class SlurmTask:
                     attempt_dir=self.attempt_dir,
                     env=env,
                     cwd=os.getcwd(),
-                    log=str(job_dir.log(place.node_rank, place.rank, self.plan.per_node)),
+                    log=str(self.plan.log_path(index)),
                 )
             )
+            Path(specs[-1].log).parent.mkdir(parents=True, exist_ok=True)
         return run_node(
             NodeRun(
                 job_id=self.plan.job_id,
@@ -280,6 +351,7 @@ class SlurmTask:
                 processes=tuple(specs),
                 metrics_interval_s=self.plan.metrics_interval_s,
                 hang_plan=self.plan if self.plan.hang_timeout_s is not None else None,
+                role_watch=role_watch,
             )
         )
 
