@@ -87,7 +87,7 @@ def test_a_sweep_over_a_roles_node_count_runs_each_count(tmp_path, tag):
 
 def test_a_scorer_that_raises_stops_the_trainers_within_seconds(tmp_path, tag):
     started = time.monotonic()
-    done = run_example("steps=100000", sweep_dir=tmp_path, tag=tag, SCORER_FAIL_AFTER="3")
+    done = run_example("steps=100000", "+roles.scorer.env.SCORER_FAIL_AFTER=3", sweep_dir=tmp_path, tag=tag)
     took = time.monotonic() - started
     assert done.returncode != 0
     (result,) = results(tmp_path)
@@ -184,7 +184,9 @@ def test_on_slurm_the_example_is_one_heterogeneous_job(slurm_cluster, tmp_path, 
 
 def test_on_slurm_a_scorer_that_raises_stops_the_trainers(slurm_cluster, tmp_path, tag):
     started = time.monotonic()
-    done = run_example("cluster=slurm", "steps=100000", sweep_dir=tmp_path, tag=tag, SCORER_FAIL_AFTER="3")
+    done = run_example(
+        "cluster=slurm", "steps=100000", "+roles.scorer.env.SCORER_FAIL_AFTER=3", sweep_dir=tmp_path, tag=tag
+    )
     assert done.returncode != 0 and time.monotonic() - started < 120
     (result,) = results(tmp_path)
     assert result["status"] == "FAILED" and result["failure"]["role"] == "scorer"
@@ -209,3 +211,52 @@ def test_on_slurm_a_sweep_over_the_scorers_nodes(slurm_cluster, tmp_path, tag):
         [("trainer", 1, "COMPLETED"), ("scorer", 2, "COMPLETED")],
     ]
     assert len([line for line in role_lines(tmp_path / "1") if line.startswith("ROLE scorer")]) == 2
+
+
+# ------------------------------------------------------------------------------------------------ on Ray
+
+
+def test_on_ray_one_placement_group_with_each_roles_bundles(ray_cluster, tmp_path, tag):
+    dry = run_example("cluster=ray", "hydra.launcher.dry_run=true", sweep_dir=tmp_path / "dry", tag=tag)
+    assert dry.returncode == 0, dry.stderr
+    assert (
+        "its 3 node(s) one placement group (STRICT_SPREAD: a Ray node each) of bundles trainer 2 x {CPU: 4} + "
+        "scorer 1 x {CPU: 2}" in dry.stdout
+    )  # the scorer's machine is cpu_small: 2 CPUs
+    done = run_example("cluster=ray", sweep_dir=tmp_path / "run", tag=tag)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (result,) = results(tmp_path / "run")
+    job = tmp_path / "run" / "0"
+    roles = json.loads((job / "roles.json").read_text())["roles"]
+    # STRICT_SPREAD: every node of every role on a Ray node of its own
+    assert len(set(roles["trainer"]["addrs"] + roles["scorer"]["addrs"])) == 3
+    scorer_at = f"scorer@{roles['scorer']['addrs'][0]}:{roles['scorer']['port']}"
+    trainer_at = f"trainer@{','.join(roles['trainer']['addrs'])}:{roles['trainer']['port']}"
+    assert sorted(role_lines(job)) == sorted(
+        [f"ROLE trainer rank {r} of 4 (node {r // 2}); others: {scorer_at}" for r in range(4)]
+        + [f"ROLE scorer rank 0 of 1 (node 0); others: {trainer_at}"]
+    )
+    assert json.loads((job / "scorer.json").read_text())["count"] == 16
+    assert [(r["name"], r["status"]) for r in result["roles"]] == [("trainer", "COMPLETED"), ("scorer", "COMPLETED")]
+
+
+def test_on_ray_a_scorer_that_raises_stops_the_trainers(ray_cluster, tmp_path, tag):
+    started = time.monotonic()
+    done = run_example(
+        "cluster=ray", "steps=100000", "+roles.scorer.env.SCORER_FAIL_AFTER=3", sweep_dir=tmp_path, tag=tag
+    )
+    assert done.returncode != 0 and time.monotonic() - started < 120
+    (result,) = results(tmp_path)
+    assert result["status"] == "FAILED" and result["failure"]["role"] == "scorer"
+    assert [(r["name"], r["status"]) for r in result["roles"]] == [("trainer", "STOPPED"), ("scorer", "FAILED")]
+
+
+def test_on_ray_a_sweep_over_the_scorers_nodes(ray_cluster, tmp_path, tag):
+    done = run_example(
+        "cluster=ray", "roles.trainer.num_nodes=1", "roles.scorer.num_nodes=1,2", "steps=5", sweep_dir=tmp_path, tag=tag
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [[(r["name"], r["num_nodes"], r["status"]) for r in result["roles"]] for result in results(tmp_path)] == [
+        [("trainer", 1, "COMPLETED"), ("scorer", 1, "COMPLETED")],
+        [("trainer", 1, "COMPLETED"), ("scorer", 2, "COMPLETED")],
+    ]

@@ -171,10 +171,17 @@ def test_refused_in_one_line(overrides, message, tmp_path):
 
 
 def test_a_backend_without_roles_refuses_them(tmp_path):
-    with pytest.raises(
-        ConfigError, match=r"Invalid roles='trainer, scorer': cluster=ray does not run a job with roles"
-    ):
-        plan_of(TRAINER_SCORER, tmp_path, cluster="ray")
+    """A backend of another package runs no roles unless its class says so: one line, naming the roles."""
+    from mmt.backends.base import roles_problems
+
+    class Elsewhere:  # what roles_problems reads of a backend
+        name, runs_roles = "elsewhere", False
+
+    plan = plan_of(TRAINER_SCORER, tmp_path)
+    (problem,) = roles_problems(Elsewhere(), plan)  # type: ignore[arg-type]
+    assert str(problem).startswith("Invalid roles='trainer, scorer': cluster=elsewhere does not run a job with roles")
+    Elsewhere.runs_roles = True
+    assert roles_problems(Elsewhere(), plan) == []  # type: ignore[arg-type]
 
 
 def test_a_role_may_have_its_own_machine_composed_into_it(tmp_path):

@@ -14,7 +14,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from mmt.agent.jobs import JobProcesses
 from mmt.agent.metrics import JobMetrics
@@ -22,7 +22,7 @@ from mmt.agent.processes import ProcessSpec, Spawner
 from mmt.core import preemption, proctree, timeline
 from mmt.core.jobdir import Attempt, JobDir
 from mmt.monitor import hangs
-from mmt.planning.environment import PythonEnvironment, Rendezvous, process_env
+from mmt.planning.environment import PythonEnvironment, Rendezvous, RoleSite, process_env, role_process_env
 from mmt.planning.plan import JobPlan
 from mmt.records.schema import ErrorRecord, ExitRecord
 
@@ -85,29 +85,28 @@ def node_run(
     start_method: str,
     cwd: str,
     restart: int = 0,
+    sites: Optional[Mapping[str, RoleSite]] = None,
 ) -> NodeRun:
     """What node ``node`` of a job runs, for a backend that starts its node agents itself (Ray's actors, a third
     party's scheduler): each of its processes with the rank contract (this interpreter first on PATH), its log in
-    the job dir, hang detection's variables; records of an earlier run of those processes cleared."""
+    the job dir, hang detection's variables; records of an earlier run of those processes cleared. A job with
+    roles: ``sites``, where every role is; each process gets its role's contract and the roles' variables."""
     job_dir = JobDir(Path(plan.job_dir))
     job_dir.logs.mkdir(parents=True, exist_ok=True)
     specs = []
+    common: Dict[str, Any] = dict(
+        inherited=inherited, copied=copied, cores_per_node=cores, python=PythonEnvironment.current(), restart=restart
+    )
     for index in plan.node_indices(node):
         attempt.clear_process(index)
-        place = plan.place(index)
-        env = process_env(
-            plan,
-            place,
-            rendezvous=rendezvous,
-            inherited=inherited,
-            copied=copied,
-            cores_per_node=cores,
-            python=PythonEnvironment.current(),
-            restart=restart,
-        )
+        if sites is not None:
+            env = role_process_env(plan, index, sites=sites, roles_file=str(job_dir.roles_file), **common)
+        else:
+            env = process_env(plan, plan.place(index), rendezvous=rendezvous, **common)
         env.update(hangs.hang_env(plan, attempt, index))
-        log = str(job_dir.log(place.node_rank, place.rank, plan.per_node))
-        specs.append(ProcessSpec(plan.job_id, index, node, str(attempt.dir), env, cwd, log))
+        log = plan.log_path(index)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        specs.append(ProcessSpec(plan.job_id, index, node, str(attempt.dir), env, cwd, str(log)))
     return NodeRun(
         job_id=plan.job_id,
         node_rank=node,
@@ -119,7 +118,17 @@ def node_run(
         processes=tuple(specs),
         metrics_interval_s=plan.metrics_interval_s,
         hang_plan=plan if plan.hang_timeout_s is not None else None,
+        role_watch=role_watch(plan, node),
     )
+
+
+def role_watch(plan: JobPlan, node: int) -> Optional[RoleWatch]:
+    """What the agent of node ``node`` watches: the primary role, on a node of another role; else nothing."""
+    role = next((role for role in plan.roles if node in role.nodes), None)
+    if role is None or role.primary:
+        return None
+    primary = plan.roles[0]
+    return RoleWatch(role.name, primary.name, tuple(primary.indices), role.early_exit)
 
 
 def run(node: NodeRun) -> int:

@@ -32,7 +32,7 @@ from mmt.backends.ray.task import RayTask
 from mmt.core import timeline
 from mmt.core.ports import hold_port
 from mmt.core.rank_env import OMP_NUM_THREADS
-from mmt.planning.environment import Rendezvous
+from mmt.planning.environment import Rendezvous, RoleSite
 
 NODE_MODULE = "mmt.backends.ray.node"
 # what Ray sets for its own workers only (which raylet, job and node a worker belongs to): a rank is no Ray worker,
@@ -55,6 +55,9 @@ class NodeFacts:
     master_port: Optional[int]
     # process index -> the framework port held for it here
     framework_ports: Dict[int, int] = field(default_factory=dict)
+    # a job with roles, on a role's first node: the port held for the role to serve on (MMT_ROLE_<NAME>_PORT); its
+    # MASTER_PORT is master_port
+    role_port: Optional[int] = None
 
 
 def node_cores(bundle: Mapping[str, float]) -> int:
@@ -91,7 +94,10 @@ class NodeActor:
 
         plan = self.task.plan
         timeline.mark_at(self.task.attempt.timeline, "ray_actor", node=self.node)
-        master = self._hold() if self.node == 0 else None
+        # node 0 holds MASTER_PORT; with roles, each role's first node holds its role's, and the role's own port
+        first = any(self.node == role.first_node for role in plan.roles) if plan.roles else self.node == 0
+        master = self._hold() if first else None
+        role_port = self._hold() if first and plan.roles else None
         ports = {index: self._hold() for index in plan.framework_port_indices(self.node)}
         return NodeFacts(
             node=self.node,
@@ -101,6 +107,7 @@ class NodeActor:
             raylet_pid=os.getppid(),
             master_port=master,
             framework_ports=ports,
+            role_port=role_port,
         )
 
     def _hold(self) -> int:
@@ -108,10 +115,11 @@ class NodeActor:
         self._held.append(sock)
         return int(sock.getsockname()[1])
 
-    def run(self, rendezvous: Rendezvous, restart: int) -> int:
-        """Run the node's agent until it ends; its exit code (0: every rank of the node succeeded)."""
+    def run(self, rendezvous: Rendezvous, restart: int, sites: Optional[Mapping[str, RoleSite]] = None) -> int:
+        """Run the node's agent until it ends; its exit code (0: every rank of the node succeeded). ``sites``: a job
+        with roles, where every role is."""
         try:
-            prepared = self._node_run(rendezvous, restart)
+            prepared = self._node_run(rendezvous, restart, sites)
             with self._lock:
                 if self._stopped:  # stopped before its agent started: start none
                     return 1
@@ -140,7 +148,7 @@ class NodeActor:
     def _cwd(self) -> str:
         return self.task.project_dir or os.getcwd()  # the runtime env's working_dir: Ray's copy, the actor's own
 
-    def _node_run(self, rendezvous: Rendezvous, restart: int) -> NodeRun:
+    def _node_run(self, rendezvous: Rendezvous, restart: int, sites: Optional[Mapping[str, RoleSite]]) -> NodeRun:
         task = self.task
         own = {name: os.environ.get(name, "") for name in task.own_env}
         return node_run(
@@ -150,9 +158,10 @@ class NodeActor:
             rendezvous=rendezvous,
             inherited=inherited_env(os.environ, own),
             copied=task.copied_env,
-            cores=node_cores(task.bundle),
+            cores=node_cores(task.bundle_of(self.node)),
             kill_grace_s=task.kill_grace_s,
             start_method=task.start_method,
             cwd=self._cwd(),
             restart=restart,
+            sites=sites,
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from mmt.backends.base import Submission, roles_problems
+from mmt.backends.base import Submission
 from mmt.backends.ray import placement, records
 from mmt.backends.ray.api import ClusterNode, RayApi, RayJob, Refused, Unanswered
 from mmt.backends.ray.settings import ADDRESS_VARS, RaySettings
@@ -76,6 +76,9 @@ def submission_id(plan: JobPlan, attempt_id: str) -> str:
 class RayBackend(ScheduledBackend[RayJobHandle, RaySettings], name="ray", settings=RaySettings, records=records):
     """One Ray job per mmt job; it watches the jobs it registered too."""
 
+    # a job with roles: one placement group whose bundles have each role's shape (docs/roles.md)
+    runs_roles = True
+
     def __init__(self, settings: RaySettings) -> None:
         super().__init__(settings)
         self._nodes: Optional[Tuple[float, List[ClusterNode]]] = None
@@ -85,8 +88,6 @@ class RayBackend(ScheduledBackend[RayJobHandle, RaySettings], name="ray", settin
     # ------------------------------------------------------------------------------------------ planning
 
     def problems(self, plan: JobPlan) -> List[ConfigError]:
-        if plan.roles:
-            return roles_problems(self, plan)
         if plan.after:
             return [
                 ConfigError(
@@ -124,7 +125,11 @@ class RayBackend(ScheduledBackend[RayJobHandle, RaySettings], name="ray", settin
             return [
                 ConfigError("hydra.launcher.address", address, f"no Ray cluster answers there: {exc}", HINT_CLUSTER)
             ]
-        refused = placement.refusal(plan, self.settings.bundle(plan), nodes, f"the cluster at {address}")
+        where = f"the cluster at {address}"
+        if plan.roles:
+            refused = placement.roles_refusal(plan, self._role_bundles(plan), nodes, where)
+        else:
+            refused = placement.refusal(plan, self.settings.bundle(plan), nodes, where)
         if refused is None:
             return []
         return [
@@ -137,6 +142,10 @@ class RayBackend(ScheduledBackend[RayJobHandle, RaySettings], name="ray", settin
             )
         ]
 
+    def _role_bundles(self, plan: JobPlan) -> Dict[str, Dict[str, float]]:
+        """A job with roles: each role's bundle (its machine's CPUs and GPUs, the site's settings first)."""
+        return {role.name: self.settings.bundle(plan.for_role(role)) for role in plan.roles}
+
     def _cluster_nodes(self) -> List[ClusterNode]:
         now = time.monotonic()
         if self._nodes is None or now - self._nodes[0] > NODES_TTL_S:
@@ -146,6 +155,12 @@ class RayBackend(ScheduledBackend[RayJobHandle, RaySettings], name="ray", settin
 
     def describe(self, plan: JobPlan) -> List[str]:
         bundle = self.settings.bundle(plan)
+        shape = placement.describe(bundle)
+        if plan.roles:
+            shape = " + ".join(
+                f"{role.name} {role.num_nodes} x {placement.describe(self._role_bundles(plan)[role.name])}"
+                for role in plan.roles
+            )
         task = self._task(plan, JobDir(Path(plan.job_dir)).attempt("<attempt>"), "<submission id>", {})
         runtime = self.settings.runtime_env.to_ray()
         if "env_vars" in runtime:  # values are never printed
@@ -153,7 +168,7 @@ class RayBackend(ScheduledBackend[RayJobHandle, RaySettings], name="ray", settin
         lines = [
             f"  backend    ray: one Ray job on {self.settings.address or '<no cluster address>'}; its "
             f"{plan.num_nodes} node(s) one placement group ({placement.STRATEGY}: a Ray node each) of bundles "
-            f"{placement.describe(bundle)}; one node agent per node, in an actor of its bundle",
+            f"{shape}; one node agent per node, in an actor of its bundle",
             "  rendezvous MASTER_ADDR=<node 0's Ray address>, MMT_NODE_ADDRS=<the bundles' Ray addresses, in node "
             "order>; MASTER_PORT and the framework's ports: free ports held by each node's actor",
             f"  driver     {shown(entrypoint(task, task.attempt.cluster_task))}",
@@ -185,6 +200,9 @@ class RayBackend(ScheduledBackend[RayJobHandle, RaySettings], name="ray", settin
             start_method=self.settings.start_method,
             own_env=tuple(name for name, _ in runtime.env_vars),
             copied_env=copied,
+            node_bundles=tuple(
+                self._role_bundles(plan)[role.name] for role in plan.roles for _ in range(role.num_nodes)
+            ),
         )
 
     def submit(self, submission: Submission) -> RayJobHandle:

@@ -16,11 +16,13 @@ entrypoint, on the head. What the batch script, its restart loop and its last st
    was killed, still says how it ended.
 """
 
+import json
 import logging
 import signal
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from mmt.backends.ray import placement
@@ -29,8 +31,9 @@ from mmt.backends.ray.api import ClusterNode
 from mmt.backends.ray.conclusion import LostNode, RunEnd, conclude
 from mmt.backends.ray.task import RayTask, read_task_file, write_placement
 from mmt.core import timeline
+from mmt.core.jobdir import JobDir, write_atomic
 from mmt.core.states import JobState
-from mmt.planning.environment import Rendezvous
+from mmt.planning.environment import Rendezvous, RoleSite, roles_document
 from mmt.records import restarts
 from mmt.records.outcome import (
     JobOutcome,
@@ -183,7 +186,8 @@ class Driver:
                 framework_ports=tuple(port for f in facts for _, port in sorted(f.framework_ports.items())),
             )
             write_placement(self.attempt, restart, [_placement_row(f) for f in facts])
-            run = {actor.run.remote(rendezvous, restart): node for node, actor in enumerate(placed.actors)}
+            sites = self._role_sites(facts)
+            run = {actor.run.remote(rendezvous, restart, sites): node for node, actor in enumerate(placed.actors)}
             ends, stopped_at, timed_out = self._watch(placed, run, deadline)
         lost, died = self._lost_and_died(placed, ends)
         end = RunEnd(
@@ -198,6 +202,20 @@ class Driver:
         self.used_s += end.duration_s
         return end
 
+    def _role_sites(self, facts: List[NodeFacts]) -> Optional[Dict[str, RoleSite]]:
+        """A job with roles: where each role landed (its first node's address and ports), written to the roles file
+        before any of its agents starts; None without roles."""
+        if not self.plan.roles:
+            return None
+        sites = {}
+        for role in self.plan.roles:
+            first = facts[role.first_node]
+            addrs = tuple(facts[node].ip for node in role.nodes)
+            sites[role.name] = RoleSite(Rendezvous(first.ip, first.master_port, node_addrs=addrs), first.role_port)
+        document = json.dumps(roles_document(self.plan, sites), indent=2) + "\n"
+        write_atomic(JobDir(Path(self.plan.job_dir)).roles_file, document.encode())
+        return sites
+
     # ------------------------------------------------------------------------------------------ placing
 
     def _place(self, restart: int) -> Tuple[Optional[Placed], Optional[str]]:
@@ -210,10 +228,8 @@ class Driver:
         refused = self._refusal()
         if refused is not None:
             return None, refused
-        bundle = dict(self.task.bundle)
-        group = placement_group(
-            [bundle] * self.plan.num_nodes, strategy=placement.STRATEGY, name=f"{self.sid}.{restart}"
-        )
+        bundles = [dict(bundle) for bundle in self.task.bundles]
+        group = placement_group(bundles, strategy=placement.STRATEGY, name=f"{self.sid}.{restart}")
         ready, next_check, waiting = group.ready(), time.monotonic() + CHECK_EVERY_S, False
         while not ray.wait([ready], timeout=_TICK_S)[0]:
             if self._stopped() is not None:
@@ -232,12 +248,11 @@ class Driver:
         timeline.mark_at(self.attempt.timeline, "ray_placed", run=restart)
         table = ray.util.placement_group_table(group)
         where = table.get("bundles_to_node_id") or {}
-        custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
         actors = [
             self.remote.options(
-                num_cpus=bundle.get("CPU", 0.0),
-                num_gpus=bundle.get("GPU", 0.0),
-                resources=custom,
+                num_cpus=bundles[node].get("CPU", 0.0),
+                num_gpus=bundles[node].get("GPU", 0.0),
+                resources={k: v for k, v in bundles[node].items() if k not in ("CPU", "GPU")},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=node),
                 max_concurrency=4,  # threaded: stop() answers while run() waits for the agent
                 max_restarts=0,
@@ -248,7 +263,11 @@ class Driver:
         return Placed(group, actors, node_ids=[str(where.get(n, "")) for n in range(self.plan.num_nodes)]), None
 
     def _refusal(self) -> Optional[str]:
-        found = placement.refusal(self.plan, self.task.bundle, cluster_nodes(), "the cluster")
+        if self.plan.roles:
+            by_role = {role.name: self.task.bundle_of(role.first_node) for role in self.plan.roles}
+            found = placement.roles_refusal(self.plan, by_role, cluster_nodes(), "the cluster")
+        else:
+            found = placement.refusal(self.plan, self.task.bundle, cluster_nodes(), "the cluster")
         return found.line if found is not None else None
 
     def _busy(self) -> str:

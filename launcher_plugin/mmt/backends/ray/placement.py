@@ -74,3 +74,24 @@ def _short_resource(bundle: Mapping[str, float], alive: Sequence[ClusterNode], n
     }
     short: List[str] = [name for name, count in counts.items() if count < needed] or list(counts)
     return min(short, key=lambda name: counts[name])
+
+
+def roles_refusal(
+    plan: JobPlan, bundles: Mapping[str, Mapping[str, float]], nodes: Sequence[ClusterNode], cluster: str
+) -> Optional[Refusal]:
+    """A job with roles: None when each role's nodes fit (``bundles``: each role's, by name) and the cluster has a
+    node for every node of the job (STRICT_SPREAD over all of them); else why not, naming the role."""
+    for role in plan.roles:
+        found = refusal(plan.for_role(role), bundles[role.name], nodes, cluster)
+        if found is not None:
+            key = found.key if found.key != "num_nodes" else f"roles.{role.name}.num_nodes"
+            return Refusal(key, found.value, f"role {role.name}: {found.line}")
+    alive = [node for node in nodes if node.alive]
+    if len(alive) < plan.num_nodes:
+        return Refusal(
+            "roles",
+            ", ".join(role.name for role in plan.roles),
+            f"{plan.label} asks {plan.num_nodes} Ray nodes in all ({STRATEGY}: a Ray node for each node of every "
+            f"role); {cluster} has {len(alive)}",
+        )
+    return None

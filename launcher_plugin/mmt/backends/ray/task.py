@@ -41,10 +41,20 @@ class RayTask:
     own_env: Tuple[str, ...] = ()
     # the values of plan.env_from (the task file is the owner's only)
     copied_env: Dict[str, str] = field(repr=False, default_factory=dict)
+    # a job with roles: each node's bundle, in node order (each role's machine); empty: ``bundle`` for every node
+    node_bundles: Tuple[Dict[str, float], ...] = ()
 
     @property
     def attempt(self) -> Attempt:
         return Attempt(Path(self.attempt_dir))
+
+    def bundle_of(self, node: int) -> Dict[str, float]:
+        return self.node_bundles[node] if self.node_bundles else self.bundle
+
+    @property
+    def bundles(self) -> List[Dict[str, float]]:
+        """The placement group's bundles, one per node, in node order."""
+        return [self.bundle_of(node) for node in range(self.plan.num_nodes)]
 
 
 def write_task_file(task: RayTask) -> Path:

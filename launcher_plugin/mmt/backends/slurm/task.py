@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from mmt.agent.node import NodeRun, RoleWatch
+from mmt.agent.node import NodeRun, RoleWatch, role_watch
 from mmt.agent.node import run as run_node
 from mmt.agent.processes import ProcessSpec
 from mmt.backends.slurm import oci
@@ -304,11 +304,8 @@ class SlurmTask:
                     for port, what in ports
                 ):
                     return 1
-            watch = None
-            if not role.primary:
-                primary = self.plan.roles[0]
-                watch = RoleWatch(role.name, primary.name, tuple(primary.indices), role.early_exit)
-            return self._run_agent(facts, node, site.rendezvous, job_dir, sites=sites, role_watch=watch)
+            watch = role_watch(self.plan, node)
+            return self._run_agent(facts, node, site.rendezvous, job_dir, sites=sites, watch=watch)
 
     def _run_agent(
         self,
@@ -317,7 +314,7 @@ class SlurmTask:
         rendezvous: Rendezvous,
         job_dir: JobDir,
         sites: Optional[Mapping[str, RoleSite]] = None,
-        role_watch: Optional[RoleWatch] = None,
+        watch: Optional[RoleWatch] = None,
     ) -> int:
         specs = []
         for index in self.plan.node_indices(node):
@@ -351,7 +348,7 @@ class SlurmTask:
                 processes=tuple(specs),
                 metrics_interval_s=self.plan.metrics_interval_s,
                 hang_plan=self.plan if self.plan.hang_timeout_s is not None else None,
-                role_watch=role_watch,
+                role_watch=watch,
             )
         )
 
