@@ -4,6 +4,7 @@ logs of a role's rank, bad input; every process gone afterwards (``tag``)."""
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from typing import List, Tuple
 
 from helpers.app import app_env, results, run_app
 from helpers.paths import REPO
+from helpers.processes import from_a_terminal
 
 EXAMPLE = REPO / "examples" / "roles" / "app.py"
 
@@ -71,6 +73,53 @@ def test_the_example_trainers_reach_the_scorer_each_role_its_own_world(tmp_path,
     bad = subprocess.run([*mmt, "--role", "scorer", "--rank", "1"], capture_output=True, text=True, env=app_env(tag))
     assert bad.returncode != 0
     assert "Invalid --rank 1: expected rank 0 of role scorer" in bad.stderr
+
+
+def test_ctrl_c_stops_every_role_and_the_views_know_roles(tmp_path, tag):
+    """Ctrl-C while both roles run: every process of every role goes, the job is INTERRUPTED with each role's
+    outcome; ``mmt inspect`` and the SDK's machines see its three nodes by role."""
+    launcher = subprocess.Popen(
+        [sys.executable, str(EXAMPLE), "steps=100000", "score_every=50", f"hydra.sweep.dir={tmp_path}"],
+        cwd=REPO,
+        env=app_env(tag),
+        preexec_fn=from_a_terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: List[str] = []
+    while not any("TRAINER" in line or "Initializing distributed" in line for line in lines):
+        line = launcher.stdout.readline()
+        assert line, "".join(lines)
+        lines.append(line)
+    scorer_log = tmp_path / "0" / "logs" / "scorer" / "node0.rank0.log"
+    deadline = time.monotonic() + 60
+    while "SCORER listening" not in (scorer_log.read_text() if scorer_log.exists() else ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    launcher.send_signal(signal.SIGINT)
+    launcher.communicate(timeout=60)
+    assert launcher.returncode != 0
+    (result,) = results(tmp_path)
+    assert result["status"] == "INTERRUPTED"
+    assert [(r["name"], r["status"]) for r in result["roles"]] == [("trainer", "STOPPED"), ("scorer", "COMPLETED")]
+    inspect = subprocess.run(
+        [sys.executable, "-m", "mmt.cli.main", "inspect", result["name"], "--json"],
+        capture_output=True,
+        text=True,
+        env=app_env(tag),
+        cwd=REPO,
+    )
+    facts = json.loads(inspect.stdout)
+    assert facts["topology"] == "trainer 2 x 2 + scorer 1 x 1" and len(facts["machines"]) == 3
+    sdk = subprocess.run(
+        [sys.executable, "-c", f"from mmt import Job; print(Job.get({result['name']!r}).machines[2].logs)"],
+        capture_output=True,
+        text=True,
+        env=app_env(tag),
+        cwd=REPO,
+    )
+    assert "ROLE scorer rank 0 of 1" in sdk.stdout, sdk.stderr
 
 
 def test_a_sweep_over_a_roles_node_count_runs_each_count(tmp_path, tag):

@@ -471,3 +471,25 @@ def test_a_missing_selenium_fails_where_a_browser_is_required_and_skips_elsewher
     expected = pytest.fail.Exception if required else pytest.skip.Exception
     assert type(outcome) is expected, repr(outcome)
     assert "selenium" in str(outcome)
+
+
+def test_a_job_with_roles_lists_each_roles_logs_the_primarys_first_and_serves_only_those(tmp_path):
+    """Role logs are in logs/<role>/ (each role numbers its own ranks): the page lists them by role, the primary's
+    first (as the roles file orders them), and reads a role's log by that name; a name outside the listed logs is
+    refused, as for any job."""
+    job = make_job(tmp_path / "s" / "0")
+    for name in ("trainer/node0.rank0.log", "trainer/node1.rank3.log", "scorer/node0.rank0.log"):
+        (job / "logs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (job / "logs" / name).write_text(f"from {name}\n")
+    roles = {"trainer": {"primary": True, "num_nodes": 2, "devices": 2}, "scorer": {"num_nodes": 1, "devices": 1}}
+    (job / "roles.json").write_text(json.dumps({"primary": "trainer", "roles": roles}))
+    listed = data.log_files(job)
+    assert [(f.name, f.role, f.node, f.rank) for f in listed] == [
+        ("trainer/node0.rank0.log", "trainer", 0, 0),
+        ("trainer/node1.rank3.log", "trainer", 1, 3),
+        ("scorer/node0.rank0.log", "scorer", 0, 0),
+    ]
+    path = data.log_path(job, "scorer/node0.rank0.log")
+    assert path is not None and path.read_text() == "from scorer/node0.rank0.log\n"
+    assert data.log_path(job, "scorer/node1.rank0.log") is None  # not one of its logs
+    assert data.log_path(job, "../s/0/logs/scorer/node0.rank0.log") is None

@@ -276,7 +276,7 @@ def role_results(plan: JobPlan, attempt: Attempt) -> Tuple[RoleResult, ...]:
     """How each role of a job with roles ended, from its processes' records (() without roles)."""
     results = []
     for role in plan.roles:
-        states = [process_state(attempt, index) for index in role.indices]
+        states = [_role_process_state(attempt, index) for index in role.indices]
         counts = {state: states.count(state) for state in ProcessState}
         if counts[ProcessState.FAILED]:
             status = JobState.FAILED.value
@@ -308,3 +308,11 @@ def read_result(job_dir: Path) -> Optional[ResultRecord]:
 def write_result(plan: JobPlan, record: ResultRecord) -> None:
     """``<job dir>/result.json``, atomically: readers see the previous result or this one."""
     record.write(JobDir(Path(plan.job_dir)).result)
+
+
+def _role_process_state(attempt: Attempt, index: int) -> ProcessState:
+    """A process mmt stopped is STOPPED, whatever it said on its way out (a rank torn down mid-collective raises)."""
+    exit_record = process_exit(attempt, index)
+    if exit_record is not None and exit_record.stopped and exit_record.code != 0:
+        return ProcessState.STOPPED
+    return process_state(attempt, index)

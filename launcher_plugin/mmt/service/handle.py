@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from mmt.backends.registry import scheduler_job
-from mmt.core.errors import ConfigError, UsageError
+from mmt.core.errors import ConfigError, RankFailure, UsageError
 from mmt.core.jobdir import JobDir, process_log_name
 from mmt.core.states import JobState, ProcessState
 from mmt.launching.report import metric_of
 from mmt.records.registry import JobRecord, Registry
-from mmt.records.roles_file import RoleShape, read_roles
+from mmt.records.roles_file import RoleShape, job_node, read_roles, role_node, topology
 from mmt.service import logs as log_files
 from mmt.service import status as job_status
 from mmt.service.machines import Machine, MachineType
@@ -107,7 +107,7 @@ def job_row(record: JobRecord) -> Dict[str, Any]:
         "note": restarting.describe() if restarting else view.note(final) if view is not None else None,
         "cluster": record.backend,
         "machine": record.machine,
-        "topology": f"{record.num_nodes} x {record.devices}",
+        "topology": _topology(record),
         "scheduler_id": record.scheduler_id,
         # the scheduler's job as its users know it: "SLURM job 123", "Ray job mmt-..."; None for a local job
         "scheduler_job": scheduler_job(record.backend, record.scheduler_id) if record.scheduler_id else None,
@@ -126,9 +126,36 @@ def node_status(record: JobRecord, node: int) -> str:
     job = job_status.lightning_status(record.state)
     result = record.result_record()
     failure = result.failure if result else None
-    if job == "Failed" and failure is not None and failure.node_rank != node:
+    if job == "Failed" and failure is not None and failed_node(record, failure) != node:
         return "Stopped"
     return job
+
+
+def _topology(record: JobRecord) -> str:
+    roles = read_roles(Path(record.job_dir))
+    return topology(roles) if roles is not None else f"{record.num_nodes} x {record.devices}"
+
+
+def _node_log_paths(record: JobRecord, node: int) -> List[Path]:
+    """The logs of the job's node ``node``: its command's, then its ranks' (a job with roles: in its role's dir)."""
+    job_dir = JobDir(Path(record.job_dir))
+    roles = read_roles(job_dir.root)
+    found = role_node(roles, node) if roles is not None else None
+    if found is None:
+        return job_dir.node_logs(node, record.attempt)
+    shape, local = found
+    logs = job_dir.logs_of(record.attempt) / shape.name
+    ranks = range(local * shape.devices, (local + 1) * shape.devices)
+    names = [process_log_name(local, 0, True)] if shape.per_node else [process_log_name(local, r, False) for r in ranks]
+    return [logs / name for name in names if (logs / name).exists()]
+
+
+def failed_node(record: JobRecord, failure: RankFailure) -> Optional[int]:
+    """The job's node where ``failure`` happened (a job with roles: its role's node, counted in the job)."""
+    if failure.role is None:
+        return failure.node_rank
+    roles = read_roles(Path(record.job_dir))
+    return job_node(roles, failure.role, failure.node_rank) if roles is not None else None
 
 
 def job_facts(record: JobRecord) -> Dict[str, Any]:
@@ -347,7 +374,7 @@ class RegisteredJob:
             return job
         result = self._record().result_record()
         failure = result.failure if result else None
-        if job == Status.Failed and failure is not None and failure.node_rank != node:
+        if job == Status.Failed and failure is not None and failed_node(self._record(), failure) != node:
             return Status.Stopped  # its ranks were stopped because another node's failed
         return job
 
@@ -355,7 +382,7 @@ class RegisteredJob:
         record = self._registry.require(self.name)
         if not Path(record.job_dir).is_dir():
             raise JobDirGone(record)
-        paths = JobDir(Path(record.job_dir)).node_logs(node, record.attempt)
+        paths = _node_log_paths(record, node)
         budget = MACHINE_LOG_BYTES // max(1, len(paths))
         parts: List[str] = []
         for path in paths:

@@ -12,6 +12,7 @@ from mmt.launching.report import SummaryRow, first_line, metric_of
 from mmt.records.outcome import process_state
 from mmt.records.registry import JobRecord, Registry, named
 from mmt.records.restarts import PendingRestart, pending_restart, recorded
+from mmt.records.roles_file import node_indices, read_roles
 from mmt.records.scheduler import SchedulerRecord, read_scheduler
 from mmt.records.schema import EarlierRun
 
@@ -58,8 +59,12 @@ def scheduler_view(record: JobRecord) -> Optional[SchedulerRecord]:
 def process_states(record: JobRecord, node: int) -> "frozenset[ProcessState]":
     """Where the processes of node ``node`` of a running job are, by the records in its attempt dir."""
     attempt = JobDir(Path(record.job_dir)).attempt(record.attempt)
+    roles = read_roles(Path(record.job_dir))
     per_node = record.command is not None and record.command_mode == "per_node"
-    indices = [node] if per_node else range(node * record.devices, (node + 1) * record.devices)
+    if roles is not None:  # a job with roles: its nodes are each role's, in order
+        indices: Sequence[int] = node_indices(roles, node)
+    else:
+        indices = [node] if per_node else range(node * record.devices, (node + 1) * record.devices)
     return frozenset(process_state(attempt, index) for index in indices)
 
 
