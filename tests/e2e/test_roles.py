@@ -38,6 +38,14 @@ def role_lines(job: Path) -> List[str]:
     ]
 
 
+def trainers_stopped_after_s(job: Path) -> float:
+    """Seconds from the scorer's exit (process 4: the trainers are 0-3) to the last trainer's, by the job's
+    timeline (every agent marks its processes' exits there)."""
+    events = [json.loads(line) for line in (job / "timeline.jsonl").read_text().splitlines() if line.strip()]
+    exits = {event["process"]: event["t"] for event in events if event.get("phase") == "rank_exit"}
+    return max(exits[i] for i in range(4)) - exits[4]
+
+
 def test_the_example_trainers_reach_the_scorer_each_role_its_own_world(tmp_path, tag):
     done = run_example(sweep_dir=tmp_path, tag=tag)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -144,7 +152,8 @@ def test_a_scorer_that_raises_stops_the_trainers_within_seconds(tmp_path, tag):
     assert result["failure"]["role"] == "scorer" and result["failure"]["rank"] == 0
     assert "role scorer rank 0 (node 0) raised RuntimeError: the scorer broke" in done.stderr + done.stdout
     assert [(r["name"], r["status"]) for r in result["roles"]] == [("trainer", "STOPPED"), ("scorer", "FAILED")]
-    assert result["stop_latency_s"] < 10
+    assert trainers_stopped_after_s(tmp_path / "0") < 10
+    assert result["stop_latency_s"] < 10 and trainers_stopped_after_s(tmp_path / "0") < 10
     assert took < 120, took  # 100,000 steps were never going to finish: the trainers were stopped
 
 
@@ -241,6 +250,7 @@ def test_on_slurm_a_scorer_that_raises_stops_the_trainers(slurm_cluster, tmp_pat
     assert result["status"] == "FAILED" and result["failure"]["role"] == "scorer"
     assert "role scorer rank 0 (node 0) raised RuntimeError: the scorer broke" in done.stdout
     assert [(r["name"], r["status"]) for r in result["roles"]] == [("trainer", "STOPPED"), ("scorer", "FAILED")]
+    assert trainers_stopped_after_s(tmp_path / "0") < 10
 
 
 def test_on_slurm_a_sweep_over_the_scorers_nodes(slurm_cluster, tmp_path, tag):
@@ -298,6 +308,7 @@ def test_on_ray_a_scorer_that_raises_stops_the_trainers(ray_cluster, tmp_path, t
     (result,) = results(tmp_path)
     assert result["status"] == "FAILED" and result["failure"]["role"] == "scorer"
     assert [(r["name"], r["status"]) for r in result["roles"]] == [("trainer", "STOPPED"), ("scorer", "FAILED")]
+    assert trainers_stopped_after_s(tmp_path / "0") < 10
 
 
 def test_on_ray_a_sweep_over_the_scorers_nodes(ray_cluster, tmp_path, tag):
