@@ -128,6 +128,14 @@ def test_ctrl_c_stops_every_role_and_the_views_know_roles(tmp_path, tag):
         cwd=REPO,
     )
     assert "ROLE scorer rank 0 of 1" in sdk.stdout, sdk.stderr
+    waited = subprocess.run(
+        [sys.executable, "-m", "mmt.cli.main", "wait", result["name"]],
+        capture_output=True,
+        text=True,
+        env=app_env(tag),
+        cwd=REPO,
+    )
+    assert "INTERRUPTED  trainer 2 x 2 + scorer 1 x 1" in waited.stdout, waited.stdout + waited.stderr
 
 
 def test_a_sweep_over_a_roles_node_count_runs_each_count(tmp_path, tag):

@@ -12,7 +12,7 @@ from mmt.launching.report import SummaryRow, first_line, metric_of
 from mmt.records.outcome import process_state
 from mmt.records.registry import JobRecord, Registry, named
 from mmt.records.restarts import PendingRestart, pending_restart, recorded
-from mmt.records.roles_file import node_indices, read_roles
+from mmt.records.roles_file import node_indices, read_roles, topology
 from mmt.records.scheduler import SchedulerRecord, read_scheduler
 from mmt.records.schema import EarlierRun
 
@@ -106,6 +106,7 @@ def summary_row(record: JobRecord) -> Tuple[Any, str]:
         duration_s=result.duration_s if result else None,
         metric=metric["value"],
         note=note.split(": ", 1)[-1],
+        shape=topology(roles) if (roles := read_roles(Path(record.job_dir))) is not None else None,
     )
     return row, metric["name"]
 
