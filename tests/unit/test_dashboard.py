@@ -493,3 +493,4 @@ def test_a_job_with_roles_lists_each_roles_logs_the_primarys_first_and_serves_on
     assert path is not None and path.read_text() == "from scorer/node0.rank0.log\n"
     assert data.log_path(job, "scorer/node1.rank0.log") is None  # not one of its logs
     assert data.log_path(job, "../s/0/logs/scorer/node0.rank0.log") is None
+    assert data.job_summary("x", job)["roles"] == "trainer 2 x 2 + scorer 1 x 1"  # the job list's topology

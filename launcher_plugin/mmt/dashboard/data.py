@@ -40,6 +40,7 @@ from mmt.records.node_metrics import parse_samples
 from mmt.records.restarts import PendingRestart
 from mmt.records.result_view import ResultView
 from mmt.records.roles_file import read_roles
+from mmt.records.roles_file import topology as topology_of_roles
 from mmt.records.scheduler import SchedulerRecord, scheduler_record_of
 from mmt.records.schema import EarlierRun
 
@@ -321,6 +322,11 @@ def log_files(root: Path) -> list[LogFile]:
     )
 
 
+def _roles_shape(root: Path) -> str | None:
+    roles = read_roles(root)
+    return topology_of_roles(roles) if roles else None
+
+
 def _role_order(root: Path) -> list[str]:
     roles = read_roles(root)
     return [shape.name for shape in roles] if roles else []
@@ -468,6 +474,8 @@ def job_summary(job_id: str, root: Path, now: float | None = None) -> dict[str, 
             "status": status,
             "num_nodes": nodes,
             "devices": devices,
+            # a job with roles: each role's shape (``trainer 2 x 2 + scorer 1 x 1``), from its roles file
+            "roles": _roles_shape(root),
             "machine": machine,
             "duration_s": duration,
             "started_at": started,

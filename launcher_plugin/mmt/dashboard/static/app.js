@@ -46,7 +46,8 @@ function fmtBytes(b) {
 const fmtRate = (b) => (b === null || b === undefined ? "—" : `${fmtBytes(b)}/s`);
 const fmtNum = (v, digits = 4) => (v === null || v === undefined ? "—" : Number(v.toPrecision(digits)).toString());
 const fmtPct = (v) => (v === null || v === undefined ? "—" : `${v.toFixed(0)}%`);
-const topology = (j) => (j.num_nodes ? `${j.num_nodes} × ${j.devices ?? "?"}` : "? × ?");
+// a job with roles: each role's nodes × devices ("trainer 2 x 2 + scorer 1 x 1")
+const topology = (j) => j.roles || (j.num_nodes ? `${j.num_nodes} × ${j.devices ?? "?"}` : "? × ?");
 const statusBadge = (status) => h("span", { class: "status", "data-status": status, text: status });
 
 function setConn(ok, text) {
@@ -255,7 +256,7 @@ class JobView {
 
   renderHeader(job) {
     const facts = [
-      ["topology", `${topology(job)}${job.num_nodes ? " (nodes × devices)" : ""}`],
+      ["topology", `${topology(job)}${job.num_nodes && !job.roles ? " (nodes × devices)" : ""}`],
       ["machine", job.machine || "—"],
       ["duration", fmtDuration(job.duration_s)],
       [job.metric_name || "metric", fmtNum(job.metric)],
