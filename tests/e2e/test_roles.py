@@ -39,11 +39,15 @@ def role_lines(job: Path) -> List[str]:
 
 
 def trainers_stopped_after_s(job: Path) -> float:
-    """Seconds from the scorer's exit (process 4: the trainers are 0-3) to the last trainer's, by the job's
-    timeline (every agent marks its processes' exits there)."""
+    """Seconds from the scorer's exit (process 4; the trainers are processes 0-3 on nodes 0-1) to the trainers'
+    end: their ranks' exits, or their node agents' ends where the ranks had not even started (a loaded host: the
+    trainers' agents still imported torch when the scorer failed, and SLURM ended them), by the job's timeline."""
     events = [json.loads(line) for line in (job / "timeline.jsonl").read_text().splitlines() if line.strip()]
     exits = {event["process"]: event["t"] for event in events if event.get("phase") == "rank_exit"}
-    return max(exits[i] for i in range(4)) - exits[4]
+    ends = [event["t"] for event in events if event.get("phase") == "agent_end" and event.get("node") in (0, 1)]
+    trainers = [exits[i] for i in range(4) if i in exits]
+    assert len(trainers) == 4 or len(ends) == 2, events
+    return max(trainers + ends) - exits[4]
 
 
 def test_the_example_trainers_reach_the_scorer_each_role_its_own_world(tmp_path, tag):

@@ -229,3 +229,24 @@ def test_a_heterogeneous_jobs_components_are_the_job_by_its_leaders_id():
     assert job_ids_in("1814+0") == ["1814"] and job_ids_in("1814+1") == []
     states = parse_squeue("1814+0|RUNNING|0|None|\n1814+1|COMPLETING|0|None|\n1815|PENDING|0|Resources|\n")
     assert {job: state.state for job, state in states.items()} == {"1814": "RUNNING", "1815": "PENDING"}
+
+
+def test_a_job_with_roles_succeeded_when_its_primary_did_and_the_rest_ended_or_were_stopped(tmp_path):
+    """A non-primary role's node that had not reached its task when the primary ended (its agent imported the
+    preload on a loaded host) is stopped by its agent: it leaves an exit record, stopped, and no done marker. The
+    job completed all the same (Ray's conclusion said "its node agents ended without a record of why" before);
+    one that failed by itself still fails it."""
+    from mmt.core.jobdir import Attempt
+    from mmt.records.outcome import all_succeeded
+    from mmt.records.schema import ExitRecord
+
+    plan = plan_of(TRAINER_SCORER, tmp_path / "job")
+    attempt = Attempt(tmp_path / "attempt")
+    attempt.dir.mkdir(parents=True)
+    for index in range(4):
+        attempt.write_done(index, 0)
+    attempt.primary_return.write_bytes(b"")
+    ExitRecord(code=-9, stopped=True).write(attempt.exit_file(4))
+    assert all_succeeded(plan, attempt)
+    ExitRecord(code=3, stopped=False).write(attempt.exit_file(4))
+    assert not all_succeeded(plan, attempt)

@@ -150,8 +150,20 @@ def missing_result(plan: JobPlan) -> RankFailure:
 
 
 def all_succeeded(plan: JobPlan, attempt: Attempt) -> bool:
-    """Every process finished its task and the primary reported its result."""
-    return all(attempt.done(index) == 0 for index in range(plan.process_count)) and attempt.primary_return.exists()
+    """Every process finished its task and the primary reported its result. A job with roles: every process of
+    the primary role did, and each other role's process did too or was stopped by mmt (the primary's end stops
+    them; one that had not even reached its task yet has no done marker, only its agent's exit record)."""
+    if not attempt.primary_return.exists():
+        return False
+    if not plan.roles:
+        return all(attempt.done(index) == 0 for index in range(plan.process_count))
+    if not all(attempt.done(index) == 0 for index in plan.roles[0].indices):
+        return False
+    return all(
+        _role_process_state(attempt, index) in (ProcessState.SUCCEEDED, ProcessState.STOPPED)
+        for role in plan.roles[1:]
+        for index in role.indices
+    )
 
 
 def read_primary_return(attempt: Attempt) -> Any:
