@@ -85,8 +85,9 @@ def score(cfg: DictConfig) -> Dict[str, Any]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     print(f"SCORER listening on port {os.environ['MMT_ROLE_SCORER_PORT']}", flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})  # mmt stops the role once the primary role has ended
-    server.shutdown()
-    summary = {"count": scores.count, "ranks": len(scores.ranks), "mean_loss": scores.total / max(1, scores.count)}
+    # within mmt's kill grace: the summary first; the server's threads are daemons and go with the process
+    with scores.lock:
+        summary = {"count": scores.count, "ranks": len(scores.ranks), "mean_loss": scores.total / max(1, scores.count)}
     Path(os.environ["MMT_JOB_DIR"], "scorer.json").write_text(json.dumps(summary))
     print(f"SCORER done: {summary}", flush=True)
     return summary

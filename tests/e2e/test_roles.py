@@ -114,7 +114,10 @@ def test_ctrl_c_stops_every_role_and_the_views_know_roles(tmp_path, tag):
     assert launcher.returncode != 0
     (result,) = results(tmp_path)
     assert result["status"] == "INTERRUPTED"
-    assert [(r["name"], r["status"]) for r in result["roles"]] == [("trainer", "STOPPED"), ("scorer", "COMPLETED")]
+    trainer, scorer = result["roles"]
+    # the scorer takes SIGTERM and exits 0 (COMPLETED), unless a loaded host keeps it past the kill grace
+    assert (trainer["name"], trainer["status"], scorer["name"]) == ("trainer", "STOPPED", "scorer")
+    assert scorer["status"] in ("COMPLETED", "STOPPED") and scorer["failed"] == 0
     inspect = subprocess.run(
         [sys.executable, "-m", "mmt.cli.main", "inspect", result["name"], "--json"],
         capture_output=True,
