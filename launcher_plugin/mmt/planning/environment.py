@@ -183,6 +183,6 @@ def role_process_env(
     role = plan.role_at(index)
     assert role is not None, f"process {index} of a job without roles"
     own = plan.for_role(role)
-    env = process_env(own, own.place(index - role.first_index), rendezvous=sites[role.name].rendezvous, **kwargs)
+    env = process_env(own, plan.place(index), rendezvous=sites[role.name].rendezvous, **kwargs)
     env.update(role_env(plan, role, sites, roles_file))
     return env

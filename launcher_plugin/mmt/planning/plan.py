@@ -140,14 +140,11 @@ class JobPlan:
 
     def log_path(self, index: int) -> Path:
         """Process ``index``'s log: ``logs/node<n>.rank<r>.log``; with roles, in ``logs/<role>/``."""
-        job_dir = JobDir(Path(self.job_dir))
-        role = self.role_at(index)
+        job_dir, place = JobDir(Path(self.job_dir)), self.place(index)
+        role = self.role_at(index) if self.roles else None
         if role is None:
-            place = self.place(index)
             return job_dir.log(place.node_rank, place.rank, self.per_node)
-        own = self.for_role(role)
-        place = own.place(index - role.first_index)
-        return job_dir.role_log(role.name, place.node_rank, place.rank, own.per_node)
+        return job_dir.role_log(role.name, place.node_rank, place.rank, role.per_node)
 
     @property
     def secret_names(self) -> Tuple[str, ...]:
@@ -182,7 +179,8 @@ class JobPlan:
         role's own world."""
         role = self.role_at(index) if self.roles else None
         if role is not None:
-            return self.for_role(role).place(index - role.first_index)
+            node, local = divmod(index - role.first_index, role.processes_per_node)
+            return RankPlace(node_rank=node, local_rank=local, num_nodes=role.num_nodes, local_world_size=role.devices)
         node, local = divmod(index, self.processes_per_node)
         return RankPlace(node_rank=node, local_rank=local, num_nodes=self.num_nodes, local_world_size=self.devices)
 
@@ -207,7 +205,7 @@ class JobPlan:
         if role is None:
             return self.describe_place(self.place(index))
         own = self.for_role(role)
-        return f"role {role.name} {own.describe_place(own.place(index - role.first_index))}"
+        return f"role {role.name} {own.describe_place(self.place(index))}"
 
     def cost_estimate(self) -> Optional[float]:
         """Upper bound in USD: nodes x price per node-hour x time limit; None when the price is unknown."""

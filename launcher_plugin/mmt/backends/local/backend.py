@@ -46,6 +46,7 @@ from mmt.planning.environment import (
     roles_document,
 )
 from mmt.planning.plan import JobPlan, Limits
+from mmt.planning.roles import RolePlan
 from mmt.records.outcome import JobOutcome, first_failure, running_detail
 from mmt.records.reconcile import request_stop
 from mmt.records.registry import JobRecord, Registry
@@ -435,44 +436,55 @@ class LocalBackend(Backend[LocalJob]):
         job_dir = JobDir(Path(plan.job_dir))
         write_atomic(job_dir.roles_file, (json.dumps(roles_document(plan, sites), indent=2) + "\n").encode())
         cores_per_node = max(1, cpu_cores() // plan.num_nodes)
-        specs = []
-        for index in range(plan.process_count):
-            own = plan.role_at(index)
-            assert own is not None
-            role = own
-            env = role_process_env(
-                plan,
-                index,
-                sites=sites,
-                roles_file=str(job_dir.roles_file),
-                inherited=os.environ,
-                copied=job.submission.copied_env,
-                cores_per_node=cores_per_node,
-                python=self.python,
-                restart=job.submission.restart,
-            )
-            env.update(hangs.hang_env(plan, job.attempt, index))
-            place = plan.place(index)
-            if job.gpus:  # the role's GPUs follow the roles before it; node n of the role sees its own
-                first = sum(r.world_size for r in plan.roles if r.first_index < role.first_index)
-                first += place.node_rank * role.devices
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus[first : first + role.devices])
-            elif self.host_gpus:
-                env["CUDA_VISIBLE_DEVICES"] = ""
-            log = plan.log_path(index)
-            log.parent.mkdir(parents=True, exist_ok=True)
-            specs.append(
-                ProcessSpec(
-                    job_id=plan.job_id,
-                    index=index,
-                    node_rank=role.first_node + place.node_rank,
-                    attempt_dir=str(job.attempt.dir),
-                    env=env,
-                    cwd=cwd,
-                    log=str(log),
-                )
-            )
-        return specs
+        roles_file = str(job_dir.roles_file)
+        return [
+            self._role_spec(job, role, index, sites, roles_file, cores_per_node, cwd)
+            for role in plan.roles
+            for index in role.indices
+        ]
+
+    def _role_spec(
+        self,
+        job: LocalJob,
+        role: RolePlan,
+        index: int,
+        sites: Mapping[str, RoleSite],
+        roles_file: str,
+        cores_per_node: int,
+        cwd: str,
+    ) -> ProcessSpec:
+        """Process ``index`` of a job with roles, of ``role``: its role's contract, GPUs and log."""
+        plan = job.plan
+        env = role_process_env(
+            plan,
+            index,
+            sites=sites,
+            roles_file=roles_file,
+            inherited=os.environ,
+            copied=job.submission.copied_env,
+            cores_per_node=cores_per_node,
+            python=self.python,
+            restart=job.submission.restart,
+        )
+        env.update(hangs.hang_env(plan, job.attempt, index))
+        place = plan.place(index)
+        if job.gpus:  # the role's GPUs follow the roles before it; node n of the role sees its own
+            first = sum(r.world_size for r in plan.roles if r.first_index < role.first_index)
+            first += place.node_rank * role.devices
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus[first : first + role.devices])
+        elif self.host_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        log = plan.log_path(index)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        return ProcessSpec(
+            job_id=plan.job_id,
+            index=index,
+            node_rank=role.first_node + place.node_rank,
+            attempt_dir=str(job.attempt.dir),
+            env=env,
+            cwd=cwd,
+            log=str(log),
+        )
 
     def _node_agent_specs(
         self, job: LocalJob, nodes: Sequence[containers.NodeContainer], cwd: str
