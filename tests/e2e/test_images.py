@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers.app import app_command, app_env, job_dirs, results, run_app
-from helpers.images import image_results
+from helpers.images import assert_no_containers_left, containers_of, image_results
 from helpers.paths import REPO
 from helpers.processes import wait_gone, wait_until
 
@@ -34,19 +34,6 @@ def _mark():
 
 os.register_at_fork(after_in_child=_mark)
 """
-
-
-def containers_of(job: str) -> list:
-    """The containers labelled with this job id, or with this job dir."""
-    label = f"mmt.job_dir={job}" if job.startswith("/") else f"mmt.job={job}"
-    listed = subprocess.run(["podman", "ps", "-aq", "--filter", f"label={label}"], capture_output=True, text=True)
-    assert listed.returncode == 0, listed.stderr
-    return listed.stdout.split()
-
-
-def assert_no_containers_left(sweep: Path) -> None:
-    for job_dir in job_dirs(sweep):
-        assert containers_of(str(job_dir)) == [], f"containers left for {job_dir}"
 
 
 # ------------------------------------------------------------------------------------------------ the two shapes

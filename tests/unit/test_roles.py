@@ -216,9 +216,60 @@ def test_on_slurm_one_heterogeneous_job_a_component_per_role(tmp_path):
         "#SBATCH --time=60",
     ]
     (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
-    assert srun.startswith("srun --het-group=0-1 ") and "%j" not in srun and '"$SLURM_JOB_ID"' in srun
+    first, second = srun[len("srun ") :].split(" : ")
+    assert "--het-group=0 " in first and "--het-group=1 " in second
+    for component in (first, second):  # srun's options before a ':' are that component's: the shared ones in each
+        assert "--kill-on-bad-exit=1" in component and "%j" not in component and '"$SLURM_JOB_ID"' in component
+        assert component.endswith(f"-u -m mmt.backends.slurm.task {JobDir(tmp_path).attempt('a').cluster_task}")
     with pytest.raises(ConfigError, match=r"Invalid hydra.launcher.tasks='per_rank': a job with roles"):
         plan_of([*TRAINER_SCORER, "hydra.launcher.tasks=per_rank"], tmp_path, cluster="slurm")
+
+
+def test_each_role_may_have_its_own_image_on_slurm_each_component_enters_its_own(tmp_path):
+    """Images per role (pyxis is mocked here: no pyxis on this host, so the script is checked, not run): the job's
+    image is every role's default, a role's own replaces it, ``image: null`` runs the role in this environment; each
+    srun component enters its role's image; SLURM's OCI containers refuse roles' images in one line."""
+    import sys
+    from dataclasses import replace
+
+    from mmt.backends.slurm.sbatch import SlurmSettings, render_script
+    from mmt.core.jobdir import JobDir
+
+    overrides = [*TRAINER_SCORER, "image=nvcr.io/nvidia/pytorch:24.05-py3", "+roles.scorer.image=vllm/vllm:0.6"]
+    plan = plan_of(overrides, tmp_path, cluster="slurm")
+    assert [role.image for role in plan.roles] == ["nvcr.io/nvidia/pytorch:24.05-py3", "vllm/vllm:0.6"]
+    assert plan.images == ("nvcr.io/nvidia/pytorch:24.05-py3", "vllm/vllm:0.6")
+    assert "    image vllm/vllm:0.6" in dryrun.render(plan, [])
+    script = render_script(plan, SlurmSettings.for_watching(), str(tmp_path), "mmt-x", JobDir(tmp_path).attempt("a"))
+    (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    first, second = srun[len("srun ") :].split(" : ")
+    assert "--container-image=nvcr.io/nvidia/pytorch:24.05-py3" in first and "vllm" not in first
+    assert "--container-image=vllm/vllm:0.6" in second and "pytorch" not in second
+    assert " python3 -u -m mmt.backends.slurm.task " in first and " python3 -u -m mmt.backends.slurm.task " in second
+    # apptainer: each component's task runs its role's image through the wrapper
+    apptainer = replace(SlurmSettings.for_watching(), container_runtime="apptainer")
+    script = render_script(plan, apptainer, str(tmp_path), "mmt-x", JobDir(tmp_path).attempt("a"))
+    (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    first, second = srun[len("srun ") :].split(" : ")
+    assert " nvcr.io/nvidia/pytorch:24.05-py3 python3 -u -m mmt" in first and "apptainer exec" in first
+    assert " vllm/vllm:0.6 python3 -u -m mmt" in second and "--container-image" not in srun
+    # a role in this environment: no container for its component, this interpreter
+    plan = plan_of([*overrides[:-1], "+roles.scorer.image=null"], tmp_path, cluster="slurm")
+    assert [role.image for role in plan.roles] == ["nvcr.io/nvidia/pytorch:24.05-py3", None]
+    script = render_script(plan, SlurmSettings.for_watching(), str(tmp_path), "mmt-x", JobDir(tmp_path).attempt("a"))
+    (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    first, second = srun[len("srun ") :].split(" : ")
+    assert "--container-image" in first and "--container-image" not in second and sys.executable in second
+    with pytest.raises(ConfigError) as raised:
+        plan_of([*overrides, "hydra.launcher.container_runtime=oci"], tmp_path, cluster="slurm")
+    assert str(raised.value).startswith("Invalid roles.trainer.image='nvcr.io/nvidia/pytorch:24.05-py3': a job with")
+    assert "\n" not in str(raised.value)
+
+
+def test_ray_refuses_a_roles_image_naming_it(tmp_path):
+    with pytest.raises(ConfigError) as raised:
+        plan_of([*TRAINER_SCORER, "+roles.scorer.image=vllm/vllm:0.6"], tmp_path, cluster="ray")
+    assert str(raised.value).startswith("Invalid roles.scorer.image='vllm/vllm:0.6': cluster=ray runs every node")
 
 
 def test_a_heterogeneous_jobs_components_are_the_job_by_its_leaders_id():

@@ -155,6 +155,7 @@ def _roles_lines(plan: JobPlan) -> List[str]:
             + (" (primary: the job ends when it ends)" if role.primary else f" (early_exit={role.early_exit})")
             + f": {role.num_nodes:,} nodes x {role.devices:,} devices = {role.world_size:,} ranks on "
             f"{_machine_line(own)}, runs {_runs(own)}",
+            f"    image {role.image or '(none: this environment)'}",
             *("  " + line for line in _env_lines(own, role_env(plan, role, sites, roles_file), role.name)),
         ]
     return lines
@@ -198,7 +199,6 @@ def _render_roles(plan: JobPlan, backend_lines: List[str]) -> str:
         f"{plan.label} ({plan.name}): "
         f"{' '.join(masked_overrides(plan.overrides, plan.secret_names)) or '(no overrides)'}",
         f"  topology   {shapes} = {plan.num_nodes:,} nodes, {plan.world_size:,} ranks",
-        f"  image      {plan.image or '(none: this environment)'}",
         f"  batch      {plan.batch.describe() if plan.batch else _no_batch(plan)} (the primary role's)",
         f"  time limit {plan.timeout_s / 60:g} min",
         f"  job dir    {plan.job_dir}",

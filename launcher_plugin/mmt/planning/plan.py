@@ -113,6 +113,13 @@ class JobPlan:
             return " + ".join(f"{role.name} {role.num_nodes} x {role.devices}" for role in self.roles)
         return f"{self.num_nodes} x {self.devices}"
 
+    @property
+    def images(self) -> Tuple[str, ...]:
+        """Every image the job's nodes run in (with roles, each role's, once); () when all run in this environment."""
+        if self.roles:
+            return tuple(dict.fromkeys(role.image for role in self.roles if role.image is not None))
+        return () if self.image is None else (self.image,)
+
     # ------------------------------------------------------------------------------------------ roles
 
     def role_at(self, index: int) -> Optional[RolePlan]:
@@ -130,6 +137,7 @@ class JobPlan:
             num_nodes=role.num_nodes,
             devices=role.devices,
             machine=role.machine,
+            image=role.image,
             command=role.command,
             command_mode=role.command_mode,
             env={**self.env, **role.env},
@@ -293,14 +301,16 @@ def plan_job(
     num_nodes = check.whole_number("num_nodes", launcher_cfg.num_nodes, 1, "nodes per job, e.g. num_nodes=2")
     devices = _devices(launcher_cfg.devices, machine)
     framework, command_mode = _framework_and_mode(launcher_cfg, command, devices)
-    roles = _roles(launcher_cfg, JobDefaults(num_nodes, devices, machine, command, command_mode), framework)
+    image = _image("image", launcher_cfg.image)
+    roles = _roles(launcher_cfg, JobDefaults(num_nodes, devices, machine, command, command_mode, image), framework)
     env = check.env_vars("env", launcher_cfg.env)
     if roles:  # the job's own fields become the primary role's; its node count, every role's
         primary = roles[0]
-        num_nodes, devices, machine, command, command_mode = (
+        num_nodes, devices, machine, image, command, command_mode = (
             sum(role.num_nodes for role in roles),
             primary.devices,
             primary.machine,
+            primary.image,
             primary.command,
             primary.command_mode,
         )
@@ -328,9 +338,7 @@ def plan_job(
         num_nodes=num_nodes,
         devices=devices,
         machine=machine,
-        image=check.optional_text(
-            "image", launcher_cfg.image, "a container image name", "e.g. image=nvcr.io/nvidia/pytorch:24.05-py3"
-        ),
+        image=image,
         command=command,
         command_mode=command_mode,
         env=env,
@@ -361,6 +369,7 @@ def _roles(launcher_cfg: DictConfig, defaults: JobDefaults, framework: str) -> T
         command_of=lambda key, value: _command(value, key),
         env_of=check.env_vars,
         machine_of=_role_machine,
+        image_of=_image,
     )
     if roles and framework != FRAMEWORK_NONE:
         raise ConfigError(
@@ -370,6 +379,10 @@ def _roles(launcher_cfg: DictConfig, defaults: JobDefaults, framework: str) -> T
             "set TF_CONFIG or JAX's coordinator in the role's script from its MMT_ROLE_* variables",
         )
     return roles
+
+
+def _image(key: str, value: Any) -> Optional[str]:
+    return check.optional_text(key, value, "a container image name", f"e.g. {key}=nvcr.io/nvidia/pytorch:24.05-py3")
 
 
 def _command(command: Any, key: str = "command") -> Optional[str]:

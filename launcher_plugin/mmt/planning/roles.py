@@ -1,12 +1,13 @@
 """A job's roles (``roles.<name>.*``): named parts of one job, each with its own node count, devices, command and
 environment, validated into ``RolePlan``s before anything starts.
 
-A role has the keys a job has (``num_nodes``, ``devices``, ``machine``, ``command``, ``command_mode``, ``env``), each
-defaulting to the job's own (a role's machine is a catalogue entry composed into it, as the job's is:
-``- /machine@scorer.machine: cpu`` in a roles config), plus ``primary`` (the job ends when this role's processes
-have all ended; the others are stopped then) and ``early_exit`` (what a non-primary role's clean exit before the
-primary's end means: ``ok``, or ``fail``, the default: a server role that goes away early is a failure). A role
-without a command runs the app's task function, which tells its role by ``MMT_ROLE``.
+A role has the keys a job has (``num_nodes``, ``devices``, ``machine``, ``image``, ``command``, ``command_mode``,
+``env``), each defaulting to the job's own (a role's machine is a catalogue entry composed into it, as the job's
+is: ``- /machine@scorer.machine: cpu`` in a roles config; ``image: null`` runs the role in this environment whatever
+the job's image), plus ``primary`` (the job ends when this role's processes have all ended; the others are stopped
+then) and ``early_exit`` (what a non-primary role's clean exit before the primary's end means: ``ok``, or ``fail``,
+the default: a server role that goes away early is a failure). A role without a command runs the app's task
+function, which tells its role by ``MMT_ROLE``.
 
 The job's processes are the roles' in order, the primary role first (so process 0, whose result is the job's, is
 the primary's rank 0); each role's nodes and processes are contiguous. Pure: nothing here starts anything.
@@ -22,7 +23,7 @@ from mmt.planning.machine import Machine
 
 # a role's name is part of variable names (MMT_ROLE_<NAME>_ADDRS) and of file names (logs/<role>/)
 _ROLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
-ROLE_KEYS = ("num_nodes", "devices", "machine", "command", "command_mode", "env", "primary", "early_exit")
+ROLE_KEYS = ("num_nodes", "devices", "machine", "image", "command", "command_mode", "env", "primary", "early_exit")
 EARLY_EXIT = ("fail", "ok")
 # the role that is primary when none says so
 DEFAULT_PRIMARY = "trainer"
@@ -37,6 +38,8 @@ class RolePlan:
     devices: int
     # its nodes' machine: the job's, or one of its own
     machine: Machine
+    # its nodes' container image: the job's, or one of its own; None: this environment
+    image: Optional[str]
     command: Optional[str]
     command_mode: str
     # the role's own variables, on top of the job's env (values never printed)
@@ -84,16 +87,24 @@ class JobDefaults:
     machine: Machine
     command: Optional[str]
     command_mode: str
+    image: Optional[str] = None
 
 
 def plan_roles(
-    raw: Any, defaults: JobDefaults, *, devices_of: Any, command_of: Any, env_of: Any, machine_of: Any
+    raw: Any,
+    defaults: JobDefaults,
+    *,
+    devices_of: Any,
+    command_of: Any,
+    env_of: Any,
+    machine_of: Any,
+    image_of: Any,
 ) -> Tuple[RolePlan, ...]:
     """The job's roles from ``roles`` (a mapping of role name to its keys), primary first; () without roles.
 
-    ``devices_of(key, value, machine)``, ``command_of(key, value)``, ``env_of(key, value)`` and ``machine_of(key,
-    value)`` validate those keys as the job's own are validated (the machine's GPU count, a non-blank command,
-    reserved variable names, a catalogue entry).
+    ``devices_of(key, value, machine)``, ``command_of(key, value)``, ``env_of(key, value)``, ``machine_of(key,
+    value)`` and ``image_of(key, value)`` validate those keys as the job's own are validated (the machine's GPU
+    count, a non-blank command, reserved variable names, a catalogue entry, an image name on one line).
     """
     roles = check.plain(raw)
     if roles is None or roles == {}:
@@ -102,7 +113,7 @@ def plan_roles(
         raise ConfigError(
             "roles", roles, "expected a mapping of role name to its keys", "e.g. +roles.scorer.num_nodes=1"
         )
-    checks = (devices_of, command_of, env_of, machine_of)
+    checks = (devices_of, command_of, env_of, machine_of, image_of)
     parsed = [_role(str(name), keys, defaults, *checks) for name, keys in roles.items()]
     primary = _primary(parsed)
     ordered = [primary] + [role for role in parsed if role["name"] != primary["name"]]
@@ -116,7 +127,14 @@ def plan_roles(
 
 
 def _role(
-    name: str, keys: Any, defaults: JobDefaults, devices_of: Any, command_of: Any, env_of: Any, machine_of: Any
+    name: str,
+    keys: Any,
+    defaults: JobDefaults,
+    devices_of: Any,
+    command_of: Any,
+    env_of: Any,
+    machine_of: Any,
+    image_of: Any,
 ) -> Dict[str, Any]:
     if not _ROLE_NAME.match(name):
         raise ConfigError(
@@ -135,7 +153,7 @@ def _role(
             f"roles.{name}.{unknown[0]}",
             keys[unknown[0]],
             f"not a key of a role; a role has {', '.join(ROLE_KEYS)}",
-            "set the job-wide keys (image, machine, hydra.launcher.*) on the job itself",
+            "set the job-wide keys (hydra.launcher.*, timeout_min, recipe) on the job itself",
         )
     prefix = f"roles.{name}"
     num_nodes = check.whole_number(
@@ -158,6 +176,7 @@ def _role(
         "num_nodes": num_nodes,
         "devices": devices,
         "machine": machine,
+        "image": image_of(f"{prefix}.image", keys["image"]) if "image" in keys else defaults.image,
         "command": command,
         "command_mode": check.choice(
             f"{prefix}.command_mode", keys.get("command_mode", defaults.command_mode), check.COMMAND_MODES

@@ -11,17 +11,18 @@ import json
 import os
 import pickle
 import select
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Set
+from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
 from mmt.agent import containers
 from mmt.agent.client import AgentClient, AgentGone
-from mmt.agent.node import NodeRun
+from mmt.agent.node import NodeRun, role_watch
 from mmt.agent.processes import ProcessSpec
 from mmt.agent.server import StartJob
 from mmt.backends import registry
@@ -175,16 +176,7 @@ class LocalBackend(Backend[LocalJob]):
         )
 
     def problems(self, plan: JobPlan) -> List[ConfigError]:
-        found = images.problems(plan, self.settings.containers)
-        if plan.roles and plan.image is not None:
-            found.append(
-                ConfigError(
-                    "image",
-                    plan.image,
-                    "cluster=local runs a job with roles in this environment only, not in an image",
-                    "drop image=..., or run the roles as separate jobs",
-                )
-            )
+        found = self._image_problems(plan)
         needed = plan.world_size if plan.machine.gpus else 0
         if needed > len(self.host_gpus):
             found.append(
@@ -197,6 +189,19 @@ class LocalBackend(Backend[LocalJob]):
                 )
             )
         return found
+
+    def _image_problems(self, plan: JobPlan) -> List[ConfigError]:
+        """Why the job's images cannot run here; with roles, each role's image for what that role runs in it."""
+        if not plan.roles:
+            return images.problems(plan, self.settings.containers)
+        found: Dict[str, ConfigError] = {}
+        for role in plan.roles:
+            if role.image is not None:
+                for problem in images.problems(plan.for_role(role), self.settings.containers):
+                    key = f"roles.{role.name}.image" if problem.key == "image" else problem.key
+                    error = ConfigError(key, problem.value, problem.expected, problem.hint)
+                    found.setdefault(str(error), error)
+        return list(found.values())
 
     def describe(self, plan: JobPlan) -> List[str]:
         lines = [
@@ -214,9 +219,15 @@ class LocalBackend(Backend[LocalJob]):
                 "ends otherwise"
             )
         problems = self.problems(plan)
-        if plan.image is not None and not problems:
+        if plan.image is not None and not plan.roles and not problems:
             env = self._process_env(plan, plan.places()[0], Rendezvous(self.settings.master_addr, None), {}, 0)
             lines += images.describe(plan, self.settings.containers, os.getcwd(), env)
+        for role in plan.roles if not problems else ():
+            if role.image is not None:  # what node 0 of the role runs: its container, the process exec'd into it
+                own = plan.for_role(role)
+                env = self._process_env(own, own.places()[0], Rendezvous(self.settings.master_addr, None), {}, 0)
+                lines.append(f"  role {role.name} in its image (every node of it runs so):")
+                lines += ["  " + line for line in images.describe(own, self.settings.containers, os.getcwd(), env)]
         return lines + [f"  WARNING    {problem}" for problem in problems]
 
     # ------------------------------------------------------------------------------------------ the interface
@@ -336,25 +347,29 @@ class LocalBackend(Backend[LocalJob]):
         agent = self.agent
         rendezvous = self._reserve(job)
         cwd = os.getcwd()
-        nodes = self._command_containers(job, cwd)
+        waiting = self._command_containers(job, cwd)  # a command's nodes in an image: containers its execs enter
         if plan.roles:
-            specs = self._role_specs(job, cwd)
+            specs = self._role_specs(job, cwd, {node.node_rank: node for node in waiting})
         else:
             specs = [
-                self._rank_spec(job, index, place, rendezvous, nodes, cwd) for index, place in enumerate(plan.places())
+                self._rank_spec(job, index, place, rendezvous, waiting, cwd)
+                for index, place in enumerate(plan.places())
             ]
-        node_agents = plan.image is not None and plan.command is None
-        if node_agents:  # the task function: each node's container runs a node agent, which forks its ranks
-            nodes = self._node_agents(job, specs, cwd)
-            specs = self._node_agent_specs(job, nodes, cwd)
+        held = list(waiting)
+        # the task function in an image: each node's container runs a node agent, which forks its ranks; with
+        # roles, every node runs a node agent then (in its role's image, or here), as on a cluster
+        node_agents = any(own.image is not None and own.command is None for own in self._node_plans(plan))
+        if node_agents:
+            specs, in_images = self._node_agents(job, specs, cwd)
+            held += in_images
         elif plan.hang_timeout_s is not None:
             job.hang = hangs.HangWatch(plan, job.attempt)
         job.started = time.monotonic()
         job.deadline = job.started + max(0.0, plan.timeout_s - job.submission.time_used_s)
-        if nodes:
-            containers.record(job.attempt, nodes)
-        if nodes and not node_agents:  # containers that wait for the command's execs: up before any starts
-            failed = containers.start(nodes)
+        if held:
+            containers.record(job.attempt, held)
+        if waiting:  # containers that wait for the command's execs: up before any starts
+            failed = containers.start(waiting)
             if failed is not None:
                 self._conclude(job, JobOutcome(JobState.FAILED, 0.0, detail=failed))
                 return
@@ -372,7 +387,7 @@ class LocalBackend(Backend[LocalJob]):
                 preload=() if node_agents else plan.preload,
                 processes=tuple(specs),
                 metrics_interval_s=plan.metrics_interval_s,
-                containers=tuple(nodes),
+                containers=tuple(held),
                 node_agents=node_agents,
             )
         )
@@ -424,9 +439,19 @@ class LocalBackend(Backend[LocalJob]):
             log=str(JobDir(Path(plan.job_dir)).log(place.node_rank, place.rank, plan.per_node)),
         )
 
-    def _role_specs(self, job: LocalJob, cwd: str) -> List[ProcessSpec]:
+    @staticmethod
+    def _node_plans(plan: JobPlan) -> List[JobPlan]:
+        """What each node runs: the job's plan; with roles, its role's (``JobPlan.for_role``)."""
+        if not plan.roles:
+            return [plan] * plan.num_nodes
+        return [own for role in plan.roles for own in [plan.for_role(role)] * role.num_nodes]
+
+    def _role_specs(
+        self, job: LocalJob, cwd: str, waiting: Mapping[int, containers.NodeContainer]
+    ) -> List[ProcessSpec]:
         """Every process of a job with roles: each role's own rendezvous (a port for its ranks to meet on, and one
-        for it to serve on), its rank contract, and where every role is (also in the roles file, written first)."""
+        for it to serve on), its rank contract, and where every role is (also in the roles file, written first).
+        ``waiting``: by node, the containers of a role whose command runs in its image."""
         plan, addr = job.plan, self.settings.master_addr
         sites = {}
         for role in plan.roles:
@@ -438,7 +463,7 @@ class LocalBackend(Backend[LocalJob]):
         cores_per_node = max(1, cpu_cores() // plan.num_nodes)
         roles_file = str(job_dir.roles_file)
         return [
-            self._role_spec(job, role, index, sites, roles_file, cores_per_node, cwd)
+            self._role_spec(job, role, index, sites, roles_file, cores_per_node, cwd, waiting)
             for role in plan.roles
             for index in role.indices
         ]
@@ -452,22 +477,35 @@ class LocalBackend(Backend[LocalJob]):
         roles_file: str,
         cores_per_node: int,
         cwd: str,
+        waiting: Mapping[int, containers.NodeContainer],
     ) -> ProcessSpec:
-        """Process ``index`` of a job with roles, of ``role``: its role's contract, GPUs and log."""
+        """Process ``index`` of a job with roles, of ``role``: its role's contract, GPUs and log. A role in an image:
+        the environment in its container (the job's variables only); its command's process runs here, exec'ing the
+        command into its node's container."""
         plan = job.plan
-        env = role_process_env(
-            plan,
-            index,
-            sites=sites,
-            roles_file=roles_file,
-            inherited=os.environ,
-            copied=job.submission.copied_env,
-            cores_per_node=cores_per_node,
-            python=self.python,
-            restart=job.submission.restart,
-        )
-        env.update(hangs.hang_env(plan, job.attempt, index))
+
+        def contract(here: bool) -> Dict[str, str]:
+            return role_process_env(
+                plan,
+                index,
+                sites=sites,
+                roles_file=roles_file,
+                inherited=os.environ if here else {},
+                copied=job.submission.copied_env,
+                cores_per_node=cores_per_node,
+                python=self.python if here else None,
+                restart=job.submission.restart,
+            )
+
         place = plan.place(index)
+        env = contract(here=role.image is None)
+        if role.image is not None:
+            env = images.container_env(env, plan.for_role(role), cwd)
+        env.update(hangs.hang_env(plan, job.attempt, index))
+        node = role.first_node + place.node_rank
+        if node in waiting:  # mmt's process here, the command in the node's container, the contract passed by name
+            prefix = images.exec_prefix(self.settings.containers, waiting[node].name, env, cwd)
+            env = {**contract(here=True), **env, MMT_CONTAINER_EXEC: json.dumps(prefix)}
         if job.gpus:  # the role's GPUs follow the roles before it; node n of the role sees its own
             first = sum(r.world_size for r in plan.roles if r.first_index < role.first_index)
             first += place.node_rank * role.devices
@@ -479,58 +517,59 @@ class LocalBackend(Backend[LocalJob]):
         return ProcessSpec(
             job_id=plan.job_id,
             index=index,
-            node_rank=role.first_node + place.node_rank,
+            node_rank=node,
             attempt_dir=str(job.attempt.dir),
             env=env,
             cwd=cwd,
             log=str(log),
         )
 
-    def _node_agent_specs(
-        self, job: LocalJob, nodes: Sequence[containers.NodeContainer], cwd: str
-    ) -> List[ProcessSpec]:
-        """The processes the host agent runs for a task function in an image: each node's container."""
-        return [
-            ProcessSpec(
-                job_id=job.plan.job_id,
-                index=node.node_rank,
-                node_rank=node.node_rank,
-                attempt_dir=str(job.attempt.dir),
-                env={},
-                cwd=cwd,
-                log=str(job.attempt.agent_log(node.node_rank)),
-                argv=node.run_argv,
-            )
-            for node in nodes
-        ]
-
-    def _node_agents(self, job: LocalJob, ranks: List[ProcessSpec], cwd: str) -> List[containers.NodeContainer]:
-        """One container per node whose process is mmt's node agent in the image's Python: it imports the job's
-        preload once and forks that node's ranks (``mmt.agent.node.main``), as on SLURM, taking them from a private
-        file in the attempt dir."""
+    def _node_agents(
+        self, job: LocalJob, ranks: List[ProcessSpec], cwd: str
+    ) -> Tuple[List[ProcessSpec], List[containers.NodeContainer]]:
+        """The processes the host agent runs when nodes run the task function in an image, and their containers: one
+        node agent per node (``mmt.agent.node.main``), which imports the job's preload once and forks that node's
+        ranks, as on SLURM, taking them from a private file in the attempt dir. A node whose role runs here (or whose
+        command runs in its containers) has its agent here, in this interpreter; its role's watch (the primary's
+        end, an early exit) is the agent's, as on a cluster."""
         plan, attempt = job.plan, job.attempt
-        nodes = []
-        for node in range(plan.num_nodes):
+        specs, in_images = [], []
+        for node, own in enumerate(self._node_plans(plan)):
             run = NodeRun(
                 job_id=plan.job_id,
                 node_rank=node,
                 job_dir=plan.job_dir,
                 attempt_dir=str(attempt.dir),
                 kill_grace_s=self.settings.kill_grace_s,
-                preload=plan.preload,
+                preload=own.preload,
                 method=self.settings.start_method,
                 processes=tuple(spec for spec in ranks if spec.node_rank == node),
                 metrics_interval_s=plan.metrics_interval_s,
                 hang_plan=plan if plan.hang_timeout_s else None,
+                role_watch=role_watch(plan, node),
             )
             write_atomic(attempt.node_run(node), pickle.dumps(run), private=True)
-            name = images.container_name(plan.job_id, attempt.id, node, job.submission.restart)
-            nodes.append(
-                images.node_agent_container(
-                    plan, self.settings.containers, name, node, cwd, str(attempt.node_run(node))
+            argv: Tuple[str, ...] = (sys.executable, "-u", "-m", "mmt.agent.node", str(attempt.node_run(node)))
+            if own.image is not None and own.command is None:
+                name = images.container_name(plan.job_id, attempt.id, node, job.submission.restart)
+                container = images.node_agent_container(
+                    own, self.settings.containers, name, node, cwd, str(attempt.node_run(node))
+                )
+                in_images.append(container)
+                argv = container.run_argv
+            specs.append(
+                ProcessSpec(
+                    job_id=plan.job_id,
+                    index=node,
+                    node_rank=node,
+                    attempt_dir=str(attempt.dir),
+                    env={},
+                    cwd=cwd,
+                    log=str(attempt.agent_log(node)),
+                    argv=argv,
                 )
             )
-        return nodes
+        return specs, in_images
 
     def _host_env(
         self, plan: JobPlan, place: RankPlace, rendezvous: Rendezvous, job: LocalJob, ours: Dict[str, str]
@@ -576,19 +615,19 @@ class LocalBackend(Backend[LocalJob]):
         return images.container_env(env, plan, os.getcwd())
 
     def _command_containers(self, job: LocalJob, cwd: str) -> List[containers.NodeContainer]:
-        """The containers of a command's job with an image, one per simulated node (none otherwise)."""
+        """The containers of a command's nodes in an image, one per simulated node (none otherwise); with roles,
+        those of each role whose command runs in its image."""
         plan = job.plan
-        if plan.image is None or plan.command is None:
-            return []
         return [
             images.node_container(
-                plan,
+                own,
                 self.settings.containers,
                 images.container_name(plan.job_id, job.attempt.id, node, job.submission.restart),
                 node,
                 cwd,
             )
-            for node in range(plan.num_nodes)
+            for node, own in enumerate(self._node_plans(plan))
+            if own.image is not None and own.command is not None
         ]
 
     def _stop(self, job: LocalJob, status: JobState, detail: str) -> None:
@@ -613,7 +652,8 @@ class LocalBackend(Backend[LocalJob]):
             if message["code"] != 0 and not message["stopped"] and job.stop_sent is None:
                 job.failed_first = True  # the agent stops the others itself
                 job.stop_sent, job.state = job.last_exit, JobState.STOPPING
-            elif job.plan.roles and job.stop_sent is None:
+            elif job.plan.roles and not job.node_agents and job.stop_sent is None:
+                # (node agents watch the primary role themselves: mmt.agent.node.RoleWatch)
                 self._role_exited(job, message["index"], message["code"])
         elif message["op"] == "ended":
             self._finish(job)
@@ -681,7 +721,7 @@ class LocalBackend(Backend[LocalJob]):
             agent.close(timeout_s=1)
         for job in list(self.jobs.values()):
             proctree.stop_tagged({MMT_JOB_ID: job.plan.job_id}, self.settings.kill_grace_s)
-            if job.plan.image is not None:
+            if job.plan.images:
                 held = self.settings.containers  # the runtime the job's containers are in
                 containers.remove_labelled(held.runtime, job.plan.job_id, held.remove_flags)
             del self.jobs[job.plan.job_id]

@@ -98,11 +98,12 @@ class RayBackend(ScheduledBackend[RayJobHandle, RaySettings], name="ray", settin
                     "chain with cluster=local or cluster=slurm",
                 )
             ]
-        if plan.image is not None:
+        if plan.images:
+            role = next((role for role in plan.roles if role.image is not None), None)
             return [
                 ConfigError(
-                    "image",
-                    plan.image,
+                    "image" if role is None else f"roles.{role.name}.image",
+                    plan.images[0],
                     "cluster=ray runs every node in the Ray cluster's own Python environment (its image)",
                     "drop image=... and start the cluster from that image, or add packages with "
                     "hydra.launcher.runtime_env.pip",

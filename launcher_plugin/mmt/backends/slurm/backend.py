@@ -144,7 +144,7 @@ def _executor_class() -> Any:
                     return text
                 plan, target = self.mmt_job
                 text = with_container(text, plan, self.mmt_settings, target)
-                text = with_het_components(text, plan, self.mmt_settings)
+                text = with_het_components(text, plan, self.mmt_settings, self.mmt_project_dir)
                 return with_restart_loop(text, plan, target)
 
         _EXECUTOR = SessionSlurmExecutor
@@ -152,7 +152,7 @@ def _executor_class() -> Any:
 
 
 def _roles_problems(plan: JobPlan, settings: SlurmSettings) -> List[ConfigError]:
-    """A job with roles runs as one heterogeneous job of node agents, in this environment."""
+    """A job with roles runs as one heterogeneous job of node agents, each role's in its image or here."""
     if not plan.roles:
         return []
     names = ", ".join(role.name for role in plan.roles)
@@ -165,13 +165,15 @@ def _roles_problems(plan: JobPlan, settings: SlurmSettings) -> List[ConfigError]
                 "use hydra.launcher.tasks=per_node",
             )
         ]
-    if plan.image is not None:
+    if plan.images and settings.container_runtime == "oci":
+        role = next(role for role in plan.roles if role.image is not None)
         return [
             ConfigError(
-                "image",
-                plan.image,
-                f"cluster=slurm runs a job with roles ({names}) in this environment only, not in an image",
-                "drop image=..., or run the roles as separate jobs",
+                f"roles.{role.name}.image",
+                role.image,
+                f"a job with roles ({names}) runs its roles' images with pyxis or apptainer: SLURM's OCI containers "
+                "give a task no SLURM_PROCID, by which a role's node agent finds its role",
+                "use hydra.launcher.container_runtime=pyxis (or apptainer), or run the roles in this environment",
             )
         ]
     return []

@@ -362,7 +362,12 @@ def sbatch_parameters(
         "time": max(1, math.ceil(plan.timeout_s / 60.0)),
         "signal_delay_s": settings.signal_delay_s,
         # one dead task ends the whole job at once instead of leaving the others in a collective until timeout
-        "srun_args": ["--kill-on-bad-exit=1", *_container_srun_args(plan, settings, project_dir), *settings.srun_extra],
+        # (a job with roles: each component's container, with_het_components)
+        "srun_args": [
+            "--kill-on-bad-exit=1",
+            *([] if plan.roles else _container_srun_args(plan, settings, project_dir)),
+            *settings.srun_extra,
+        ],
         # max_requeues=0: SLURM itself must not requeue the job either (scontrol requeue, a node failure)
         "additional_parameters": {
             "requeue" if settings.max_requeues else "no_requeue": True,
@@ -381,7 +386,7 @@ def sbatch_parameters(
         if getattr(settings, key) is not None:
             params[key] = getattr(settings, key)
     setup = list(settings.setup)
-    if plan.image is not None:
+    if plan.images:
         # the image brings Python and the libraries; mmt, the app and its recipes come from the mounted project
         paths = shlex.quote(f"{project_dir}/launcher_plugin:{project_dir}")
         setup.append(f"export PYTHONPATH={paths}${{PYTHONPATH:+:$PYTHONPATH}}")
@@ -423,7 +428,11 @@ def task_command(plan: JobPlan, settings: SlurmSettings, project_dir: str, attem
     """What srun runs in every task: mmt's own task runner on the attempt's task file (``mmt.backends.slurm.task``),
     or, in a job array, on the array's manifest."""
     args = TaskTarget.of(attempt).task_args
-    return " ".join([python_command(plan, settings, project_dir), "-u -m mmt.backends.slurm.task", args])
+    return " ".join([python_command(plan, settings, project_dir), _TASK_RUNNER, args])
+
+
+# how every task runs mmt's task runner, after the task's Python
+_TASK_RUNNER = "-u -m mmt.backends.slurm.task"
 
 
 def render_script(
@@ -441,15 +450,17 @@ def render_script(
     command = task_command(plan, settings, project_dir, attempt)
     params = sbatch_parameters(plan, settings, project_dir, job_name, attempt, after)
     script = _make_sbatch_string(command=command, folder=folder, **params)
-    script = with_het_components(with_container(script, plan, settings, attempt), plan, settings)
+    script = with_het_components(with_container(script, plan, settings, attempt), plan, settings, project_dir)
     return with_restart_loop(script, plan, attempt)
 
 
-def with_het_components(script: str, plan: JobPlan, settings: SlurmSettings) -> str:
+def with_het_components(script: str, plan: JobPlan, settings: SlurmSettings, project_dir: str) -> str:
     """A job with roles is one heterogeneous job: the primary role's nodes are the first component (submitit's
     own lines), each other role a component of its own after ``#SBATCH hetjob`` (its nodes, one task per node, the
-    same machine and placement), and the srun step spans every component (``--het-group=0-<n>``): one submission,
-    one allocation, one step, each task a node agent that finds its role by its task id. Unchanged without roles."""
+    same machine and placement), and one srun step spans every component, written per component (``srun <args>
+    --het-group=0 <cmd> : <args> --het-group=1 <cmd>``) so that each runs in its role's image (pyxis's
+    ``--container-image``, apptainer's wrapper) or in this environment: one submission, one allocation, one step,
+    each task a node agent that finds its role by its task id. Unchanged without roles."""
     if len(plan.roles) < 2:
         return script
     lines = script.split("\n")
@@ -468,7 +479,15 @@ def with_het_components(script: str, plan: JobPlan, settings: SlurmSettings) -> 
         ]
     lines[last + 1 : last + 1] = extra
     at = next(index for index, line in enumerate(lines) if line.startswith("srun "))
-    lines[at] = f"srun --het-group=0-{len(plan.roles) - 1} " + _leader_paths(lines[at][len("srun ") :])
+    # srun's options before a ':' are that component's own: the shared ones (logs, --kill-on-bad-exit) are repeated
+    args, runner = lines[at][len("srun ") :].split(f" {python_command(plan, settings, project_dir)} {_TASK_RUNNER} ")
+    args = _leader_paths(args)
+    components = []
+    for index, role in enumerate(plan.roles):
+        own = plan.for_role(role)
+        words = [args, f"--het-group={index}", *_container_srun_args(own, settings, project_dir)]
+        components.append(" ".join([*words, python_command(own, settings, project_dir), _TASK_RUNNER, runner]))
+    lines[at] = "srun " + " : ".join(components)
     return "\n".join(lines)
 
 

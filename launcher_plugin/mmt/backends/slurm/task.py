@@ -216,7 +216,8 @@ class SlurmTask:
             inherited=os.environ,
             copied=self.copied_env,
             cores_per_node=node_cores(facts.get("cpus_on_node")),
-            python=PythonEnvironment.current() if self.plan.image is None else None,
+            # in an image (the job's, or with roles its role's): the image's own Python, not this one
+            python=PythonEnvironment.current() if (self.plan.role_at(index) or self.plan).image is None else None,
             keep=keep,
             # the batch script's restart loop counts the runs inside the allocation (sbatch.with_restart_loop)
             restart=int(os.environ.get(MMT_RESTART_COUNT) or 0),
