@@ -24,11 +24,20 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 
-from mmt.core import preemption
 from mmt.core.checkpoints import resume_from
 from mmt.lightning import AtomicCheckpointIO, EpochEndCheckpoint, Heartbeat, RequeueOnSignal, cluster_environment
 from recipes.corpus import load_splits, weights_digest
-from recipes.lm_common import RankPlan, StepClock, fault_drill, gather, keep_ddp_buckets, report, summary
+from recipes.lm_common import (
+    RankPlan,
+    StepClock,
+    checkpoint_every,
+    fault_drill,
+    gather,
+    keep_ddp_buckets,
+    may_resume,
+    report,
+    summary,
+)
 from recipes.lm_config import LMConfig
 
 
@@ -159,7 +168,12 @@ def train(**recipe: Any) -> Dict[str, Any]:
 def _trainer(config: LMConfig, plan: RankPlan, throughput: Throughput, last: Path) -> L.Trainer:
     """The Trainer for the launcher's world: DDP over every rank, the plan's accumulation, mmt's checkpoint IO and
     requeue handling, metrics.csv written at every step."""
-    checkpoints = L.pytorch.callbacks.ModelCheckpoint(dirpath=plan.out / "checkpoints", save_last=True, save_top_k=0)
+    checkpoints = L.pytorch.callbacks.ModelCheckpoint(
+        dirpath=plan.out / "checkpoints",
+        save_last=True,
+        save_top_k=0,
+        every_n_train_steps=checkpoint_every(config, plan.rank),
+    )
     environment = cluster_environment()  # under SLURM: Lightning's SLURM environment, its auto-requeue off
     return L.Trainer(
         accelerator=config.accelerator,
@@ -187,7 +201,7 @@ def _trainer(config: LMConfig, plan: RankPlan, throughput: Throughput, last: Pat
             RequeueOnSignal(str(last)),
             Heartbeat(),
             FaultDrill(config, plan),
-            *([EpochEndCheckpoint(str(last))] if plan.rank.max_restarts or preemption.may_be_requeued() else []),
+            *([EpochEndCheckpoint(str(last))] if may_resume(plan.rank) else []),
         ],
         plugins=[AtomicCheckpointIO(), *([environment] if environment else [])],
         default_root_dir=plan.out,

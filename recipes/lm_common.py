@@ -37,6 +37,25 @@ class RankPlan:
         return cls(rank, out, micro, accumulate)
 
 
+# an elastic job's checkpoint interval when the recipe sets none: a lost node costs at most these optimizer steps
+ELASTIC_CHECKPOINT_EVERY = 10
+
+
+def may_resume(rank: "RankInfo") -> bool:
+    """Whether this run may be resumed from a checkpoint by a later one: a job that may restart after a failure, a
+    SLURM task that may be requeued, an elastic job whose world may form again."""
+    from mmt.core import preemption
+
+    return bool(rank.max_restarts) or preemption.may_be_requeued() or rank.elastic_nodes is not None
+
+
+def checkpoint_every(config: LMConfig, rank: "RankInfo") -> Optional[int]:
+    """Optimizer steps between checkpoints: the recipe's ``checkpoint_every``, else an elastic job's default."""
+    if config.checkpoint_every is not None:
+        return config.checkpoint_every
+    return ELASTIC_CHECKPOINT_EVERY if rank.elastic_nodes is not None else None
+
+
 def keep_ddp_buckets(fixed_buckets: Optional[bool]) -> bool:
     """Whether DDP keeps its gradient buckets in their first layout (``recipe.fixed_buckets``; None = only where
     the job may resume from a checkpoint: inside an mmt SLURM task, which may be requeued, or in a job that may be
@@ -54,7 +73,8 @@ def keep_ddp_buckets(fixed_buckets: Optional[bool]) -> bool:
         return fixed_buckets
     from mmt import RankInfo
 
-    return preemption.installed() or RankInfo.from_env().max_restarts > 0
+    rank = RankInfo.from_env()
+    return preemption.installed() or rank.max_restarts > 0 or rank.elastic_nodes is not None
 
 
 def fault_drill(config: LMConfig, rank: "RankInfo", step: int) -> None:

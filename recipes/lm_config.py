@@ -80,6 +80,9 @@ class LMConfig:
     gradient_clip_val: float
     precision: str  # Lightning's names: 32-true, bf16-mixed, 16-mixed
     resume: bool = True  # resume from <job dir>/checkpoints/last.* when it exists
+    # optimizer steps between checkpoints (last.*) besides the end's; None = only where a run may be resumed from
+    # one: an elastic job (num_nodes=MIN:MAX) every ELASTIC_CHECKPOINT_EVERY steps
+    checkpoint_every: Optional[int] = None
     # DDP keeps one gradient-bucket layout, so that a requeued run resumes bit for bit; None = only where SLURM
     # may requeue (``recipes.lm_common.keep_ddp_buckets``)
     fixed_buckets: Optional[bool] = None

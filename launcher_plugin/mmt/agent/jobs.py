@@ -41,11 +41,13 @@ class JobProcesses:
         kill_grace_s: float,
         node_rank: Optional[int] = None,
         rank_records: bool = True,
+        fail_fast: bool = True,
     ) -> None:
         """``rank_records``: its processes are the job's ranks, whose exits it records; False for processes that
-        record their ranks' exits themselves (node agents in containers)."""
+        record their ranks' exits themselves (node agents in containers). ``fail_fast``: the first failure stops the
+        others; False for an elastic job's node agents (one lost node costs that node: the backend decides)."""
         self.job_id, self.attempt, self.kill_grace_s = job_id, attempt, kill_grace_s
-        self.rank_records = rank_records
+        self.rank_records, self.fail_fast = rank_records, fail_fast
         # the tags every process of this job (on this node, for a SLURM node agent) inherits
         self.tags = {MMT_JOB_ID: job_id} if node_rank is None else {MMT_JOB_ID: job_id, NODE_RANK: str(node_rank)}
         self.by_pid: Dict[int, Process] = {}
@@ -81,7 +83,13 @@ class JobProcesses:
                 ExitRecord(code=code, stopped=process.stopped).write(self.attempt.exit_file(process.index))
             except OSError:  # a full disk must not stop supervision; the exit is still reported live
                 pass
-        if code != 0 and not process.stopped and self.first_failure is None and self.stopping_since is None:
+        if (
+            code != 0
+            and not process.stopped
+            and self.fail_fast
+            and self.first_failure is None
+            and self.stopping_since is None
+        ):
             self.first_failure = process
             self.stop()
         return process

@@ -14,7 +14,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from mmt.agent.jobs import JobProcesses
 from mmt.agent.metrics import JobMetrics
@@ -133,70 +133,94 @@ def role_watch(plan: JobPlan, node: int) -> Optional[RoleWatch]:
 
 def run(node: NodeRun) -> int:
     """Run the node's processes until every one (and whatever they left) is gone; 0 when all succeeded."""
-    attempt = Attempt(Path(node.attempt_dir))
-    job = JobProcesses(node.job_id, attempt, node.kill_grace_s, node_rank=node.node_rank)
-    spawner = Spawner(node.method)
-    terminated: dict = {}
-    proctree.become_subreaper()
-
-    def on_terminate(signum: int, _frame: object) -> None:
-        if not terminated:
-            terminated.update(terminated_by=signal.Signals(signum).name, terminated_at=time.time())
-            attempt.write_agent(node.node_rank, {**record, **terminated})
-        job.stop()
-
-    acks = {spec.index: spec.env.get(preemption.ACK_VAR) for spec in node.processes}
-    requeue_signal: dict = {}
-
-    def on_requeue(signum: int, _frame: object) -> None:
-        requeue_signal.setdefault("at", time.monotonic())  # forwarded from the loop: nothing done in the handler
-
-    def forward_requeue() -> None:
-        if not requeue_signal or time.monotonic() - requeue_signal["at"] < FORWARD_AFTER_S:
-            return
-        requeue_signal.clear()
-        for process in job.running:
-            ack = acks.get(process.index)
-            if not (ack and os.path.exists(ack)):
-                proctree.signal_all([process.pid], preemption.REQUEUE_SIGNAL)
-
-    record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-    attempt.write_agent(node.node_rank, record)
-    signal.signal(signal.SIGTERM, on_terminate)
-    signal.signal(signal.SIGINT, on_terminate)
-    signal.signal(preemption.REQUEUE_SIGNAL, on_requeue)
-    # Hydra's plugin registry once here only for two ranks or more: a node of one (a sweep's 1 x 1 job) pays less
-    # for the few plugin modules its rank's payload names
-    spawner.preload(node.preload, hydra_plugins=len(node.processes) > 1)
-    timeline.mark_at(attempt.timeline, timeline.AGENT_READY, node=node.node_rank)
-    for spec in node.processes:
-        if terminated:  # stopped before its ranks started: start none
-            break
-        job.started(spec.index, spawner.start(spec))
-    metrics = JobMetrics(node.job_dir, node.processes, node.metrics_interval_s)
-    # every node agent watches the whole job (its files are on the shared filesystem) and asks its own ranks for
-    # their stacks; the first to see them all writes the job's hang record, then each stops its ranks
-    hang = hangs.HangWatch(node.hang_plan, attempt) if node.hang_plan and node.hang_plan.hang_timeout_s else None
-    roles = _RoleEnd(node.role_watch, attempt)
-    while not job.ended:
-        _reap(job)
-        metrics.sample(job)
-        forward_requeue()
-        roles.check(job)
-        if hang is not None and not terminated:
-            running = [i for i in range(hang.plan.process_count) if attempt.done(i) is None]
-            detail = hang.check(time.monotonic(), {p.index: p.pid for p in job.running}, running)
-            if detail is not None:
-                hangs.write_hang(attempt, detail)
-                hang = None
-                job.stop()
-        job.tick()
-        if not job.ended:
-            time.sleep(_TICK_S)
-    code = roles.code(job, node.processes[0].index if node.processes else 0)
-    attempt.write_agent(node.node_rank, {**record, **terminated, "ended": time.time(), "code": code})
-    timeline.mark_at(attempt.timeline, timeline.AGENT_END, node=node.node_rank)
+    agent = NodeAgent(node)
+    code = agent.run(node)
+    agent.finish(code)
     return code
+
+
+class NodeAgent:
+    """One node's agent: its signal handlers and its warm interpreter (the job's preload, imported once), which runs
+    the node's processes once (:meth:`run`), or, for an elastic job, once per world (``mmt.agent.elastic``)."""
+
+    def __init__(self, node: NodeRun, slot: Optional[int] = None) -> None:
+        self.attempt = Attempt(Path(node.attempt_dir))
+        # its agent record's key: the node's rank, or an elastic job's node slot (its rank changes with the world)
+        self.key = node.node_rank if slot is None else slot
+        self.spawner = Spawner(node.method)
+        self.terminated: Dict[str, Any] = {}
+        self.job: Optional[JobProcesses] = None
+        self.requeue_signal: Dict[str, float] = {}
+        proctree.become_subreaper()
+        self.record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        self.attempt.write_agent(self.key, self.record)
+        signal.signal(signal.SIGTERM, self._on_terminate)
+        signal.signal(signal.SIGINT, self._on_terminate)
+        signal.signal(preemption.REQUEUE_SIGNAL, self._on_requeue)
+        # Hydra's plugin registry once here only for two ranks or more: a node of one (a sweep's 1 x 1 job) pays
+        # less for the few plugin modules its rank's payload names
+        self.spawner.preload(node.preload, hydra_plugins=len(node.processes) > 1)
+        timeline.mark_at(self.attempt.timeline, timeline.AGENT_READY, node=node.node_rank)
+
+    def _on_terminate(self, signum: int, _frame: object) -> None:
+        if not self.terminated:
+            self.terminated.update(terminated_by=signal.Signals(signum).name, terminated_at=time.time())
+            self.attempt.write_agent(self.key, {**self.record, **self.terminated})
+        if self.job is not None:
+            self.job.stop()
+
+    def _on_requeue(self, signum: int, _frame: object) -> None:
+        self.requeue_signal.setdefault("at", time.monotonic())  # forwarded from the loop: nothing done here
+
+    def run(self, node: NodeRun, stop_when: Optional[Callable[[], bool]] = None) -> int:
+        """Start the node's processes and supervise them until every one (and whatever they left) is gone; 0 when
+        all succeeded. ``stop_when``: asked at every tick; True stops them (an elastic job's next world)."""
+        attempt = self.attempt
+        job = self.job = JobProcesses(node.job_id, attempt, node.kill_grace_s, node_rank=node.node_rank)
+        acks = {spec.index: spec.env.get(preemption.ACK_VAR) for spec in node.processes}
+
+        def forward_requeue() -> None:
+            if not self.requeue_signal or time.monotonic() - self.requeue_signal["at"] < FORWARD_AFTER_S:
+                return
+            self.requeue_signal.clear()
+            for process in job.running:
+                ack = acks.get(process.index)
+                if not (ack and os.path.exists(ack)):
+                    proctree.signal_all([process.pid], preemption.REQUEUE_SIGNAL)
+
+        for spec in node.processes:
+            if self.terminated:  # stopped before its ranks started: start none
+                break
+            job.started(spec.index, self.spawner.start(spec))
+        if self.terminated:
+            job.stop()
+        metrics = JobMetrics(node.job_dir, node.processes, node.metrics_interval_s)
+        # every node agent watches the whole job (its files are on the shared filesystem) and asks its own ranks for
+        # their stacks; the first to see them all writes the job's hang record, then each stops its ranks
+        hang = hangs.HangWatch(node.hang_plan, attempt) if node.hang_plan and node.hang_plan.hang_timeout_s else None
+        roles = _RoleEnd(node.role_watch, attempt)
+        while not job.ended:
+            _reap(job)
+            metrics.sample(job)
+            forward_requeue()
+            roles.check(job)
+            if stop_when is not None and job.stopping_since is None and stop_when():
+                job.stop()
+            if hang is not None and not self.terminated:
+                running = [i for i in range(hang.plan.process_count) if attempt.done(i) is None]
+                detail = hang.check(time.monotonic(), {p.index: p.pid for p in job.running}, running)
+                if detail is not None:
+                    hangs.write_hang(attempt, detail)
+                    hang = None
+                    job.stop()
+            job.tick()
+            if not job.ended:
+                time.sleep(_TICK_S)
+        return roles.code(job, node.processes[0].index if node.processes else 0)
+
+    def finish(self, code: int) -> None:
+        self.attempt.write_agent(self.key, {**self.record, **self.terminated, "ended": time.time(), "code": code})
+        timeline.mark_at(self.attempt.timeline, timeline.AGENT_END, node=self.key)
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -44,6 +44,8 @@ class StartJob:
     containers: Tuple[node_containers.NodeContainer, ...] = ()
     # its processes are node agents (one per container), which record their ranks and sample their metrics
     node_agents: bool = False
+    # one failed process stops the others; not for an elastic job's node agents (the backend decides)
+    fail_fast: bool = True
 
 
 class HostAgent:
@@ -99,6 +101,7 @@ class HostAgent:
             Attempt(Path(request.attempt_dir)),
             request.kill_grace_s,
             rank_records=not request.node_agents,
+            fail_fast=request.fail_fast,
         )
         self.jobs[request.job_id] = job
         if request.containers:

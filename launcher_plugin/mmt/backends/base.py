@@ -210,6 +210,9 @@ class Backend(JobTracker[H]):
     #: whether it runs a job with roles (roles.<name>.*, docs/roles.md); one that does not refuses such a job
     #: before anything starts (:func:`roles_problems`)
     runs_roles: ClassVar[bool] = False
+    #: whether it runs an elastic job (num_nodes=MIN:MAX, docs/elastic.md); one that does not refuses it before
+    #: anything starts (:func:`capability_problems`)
+    runs_elastic: ClassVar[bool] = False
 
     # whether warm_up starts anything (the local host agent): the front end then works out what it may preload
     warms_up: ClassVar[bool] = False
@@ -221,6 +224,22 @@ class Backend(JobTracker[H]):
     def owner_active(self, owner: OwnerRecord) -> bool:
         """Whether the launch recorded in a job dir's owner.json still runs, its launcher gone (a SLURM job)."""
         return False
+
+
+def capability_problems(backend: Backend[Any], plan: JobPlan) -> List[ConfigError]:
+    """What the job asks that the backend's class says it does not run (roles, an elastic node range), checked for
+    every backend before its own ``problems``."""
+    found = roles_problems(backend, plan)
+    if plan.elastic is not None and not backend.runs_elastic:
+        found.append(
+            ConfigError(
+                "num_nodes",
+                plan.elastic.label,
+                f"cluster={backend.name} does not run an elastic job yet",
+                "run it with cluster=local, or give num_nodes a count (a lost node then fails or restarts the job)",
+            )
+        )
+    return found
 
 
 def roles_problems(backend: Backend[Any], plan: JobPlan) -> List[ConfigError]:

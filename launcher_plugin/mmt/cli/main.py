@@ -382,6 +382,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from mmt.records.registry import Registry
+    from mmt.records.world import WorldChange
     from mmt.service.handle import job_facts
     from mmt.service.status import refresh
 
@@ -421,6 +422,10 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"run {run['restart']:<9} failed{took}: {run['error']}")
     for one in facts["requeues"]:
         print(f"requeued      run {one['restart']}: {one['why']}")
+    for change in facts["world_changes"]:
+        described = WorldChange.of(change)
+        if described is not None:
+            print(f"world {change['generation']:<7} {described.describe().split(': ', 1)[1]}")
     result = record.result_record()
     if result is not None and result.error:
         print("error         " + result.error)

@@ -57,7 +57,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from mmt.core import timeline
 
@@ -157,6 +157,11 @@ class JobDir:
     def roles_file(self) -> Path:
         """A job with roles: where every role is (``MMT_ROLES_FILE``), written before any rank starts."""
         return self.root / "roles.json"
+
+    @property
+    def world_changes(self) -> Path:
+        """An elastic job: every time its world formed again (``mmt.records.world.WorldChange``, a line each)."""
+        return self.root / "world.jsonl"
 
     def role_log(self, role: str, node_rank: int, rank: int, per_node: bool) -> Path:
         """A process of a job with roles: ``logs/<role>/node<n>.rank<r>.log``, in its role's own numbering."""
@@ -347,6 +352,19 @@ class Attempt:
         """What a node agent in a container runs (``mmt.agent.node.main``): that node's ranks, with their env."""
         return self.dir / f"node.{node_rank}.pkl"
 
+    @property
+    def world_file(self) -> Path:
+        """An elastic job: its world now (``mmt.records.world.World``), written by its coordinator."""
+        return self.dir / "world.json"
+
+    def world_ended(self, slot: int, generation: int) -> Path:
+        """An elastic job's node agent of node ``slot``: its ranks of world ``generation`` are all gone (their code)."""
+        return self.dir / f"world.ended.{slot}.{generation}"
+
+    def elastic_node_run(self, slot: int, generation: int) -> Path:
+        """An elastic job: what the agent of node ``slot`` runs in world ``generation`` (its ranks, their env)."""
+        return self.dir / f"node.{slot}.g{generation}.pkl"
+
     def agent_log(self, node_rank: int) -> Path:
         """A node agent's own output (a local job's node in a container)."""
         return self.dir / f"agent.{node_rank}.log"
@@ -396,9 +414,17 @@ class Attempt:
     def set_run_aside(self, restart: int) -> Path:
         """Before a restart: what the processes of run ``restart`` reported moves to ``run.<restart>/``, so the
         next run's records start empty (its payload stays). OSError when they cannot be moved."""
-        aside = self.dir / f"run.{restart}"
+        return self._set_aside(f"run.{restart}", ("agent.*.json",))
+
+    def set_generation_aside(self, generation: int) -> Path:
+        """Before an elastic job's next world starts: what the ranks of world ``generation`` reported moves to
+        ``gen.<generation>/`` (its node agents, which live on, keep theirs)."""
+        return self._set_aside(f"gen.{generation}", ())
+
+    def _set_aside(self, name: str, also: Tuple[str, ...]) -> Path:
+        aside = self.dir / name
         make_private_dir(aside)
-        reported = ("error.*.json", "exit.*.json", "done.*", "agent.*.json", "return.pkl", "heartbeat.*", "hang.json")
+        reported = ("error.*.json", "exit.*.json", "done.*", *also, "return.pkl", "heartbeat.*", "hang.json")
         for pattern in reported:
             for path in self.dir.glob(pattern):
                 path.rename(aside / path.name)

@@ -50,6 +50,14 @@ MMT_MICRO_BATCH_SIZE   samples per rank per forward/backward (the DataLoader bat
 MMT_GRAD_ACCUM         micro-batches accumulated per optimizer step
 =====================  ================================================================
 
+An elastic job (``num_nodes=MIN:MAX``, docs/elastic.md) forms its world again when a node is lost or joins; every
+rank of each world also gets:
+
+=====================  ================================================================
+MMT_WORLD_GENERATION   how many times the world was formed again (0 first); the same on every rank
+MMT_ELASTIC_NODES      the job's node range, ``MIN:MAX`` (NUM_NODES is this world's count)
+=====================  ================================================================
+
 A command that starts its own local ranks (per-node mode), and any command run per rank, also gets the
 topology in the names Lightning reads: ``PL_TRAINER_NUM_NODES``/``PL_TRAINER_DEVICES`` (Trainer defaults) and
 ``LT_NUM_NODES``/``LT_DEVICES`` (Fabric overrides), so a Trainer or Fabric that hard-codes nothing gets them right.
@@ -117,6 +125,10 @@ def role_port_var(role: str) -> str:
     return f"MMT_ROLE_{role.upper()}_PORT"
 
 
+# an elastic job (num_nodes=MIN:MAX): which world this is (0, then one more at each change), and the node range
+MMT_WORLD_GENERATION = "MMT_WORLD_GENERATION"
+MMT_ELASTIC_NODES = "MMT_ELASTIC_NODES"
+
 # the job's batch plan (only when the recipe states batch.global_size)
 MMT_GLOBAL_BATCH_SIZE = "MMT_GLOBAL_BATCH_SIZE"
 MMT_MICRO_BATCH_SIZE = "MMT_MICRO_BATCH_SIZE"
@@ -156,6 +168,8 @@ RESERVED = frozenset(
         MMT_GLOBAL_BATCH_SIZE,
         MMT_MICRO_BATCH_SIZE,
         MMT_GRAD_ACCUM,
+        MMT_WORLD_GENERATION,
+        MMT_ELASTIC_NODES,
         MMT_ROLE,
         MMT_ROLES,
         MMT_ROLES_FILE,
@@ -215,6 +229,21 @@ def topology_hints(num_nodes: int, local_world_size: int) -> dict[str, str]:
 def batch_env(global_size: int, micro: int, accumulate: int) -> dict[str, str]:
     """The batch plan as variables: pass it as ``extra`` to :func:`rank_env` / :func:`node_env`."""
     return {MMT_GLOBAL_BATCH_SIZE: str(global_size), MMT_MICRO_BATCH_SIZE: str(micro), MMT_GRAD_ACCUM: str(accumulate)}
+
+
+def _node_range(raw: Optional[str]) -> Optional[Tuple[int, int]]:
+    if not raw:
+        return None
+    low, _, high = raw.partition(":")
+    try:
+        return int(low), int(high)
+    except ValueError:
+        raise ValueError(f"{MMT_ELASTIC_NODES}={raw!r} is not MIN:MAX: the rank environment is corrupt") from None
+
+
+def elastic_env(generation: int, min_nodes: int, max_nodes: int) -> dict[str, str]:
+    """An elastic job's world: pass it as ``extra`` to :func:`contract_env`."""
+    return {MMT_WORLD_GENERATION: str(generation), MMT_ELASTIC_NODES: f"{min_nodes}:{max_nodes}"}
 
 
 def _with_extra(env: dict[str, str], extra: Optional[Mapping[str, str]]) -> dict[str, str]:
@@ -468,6 +497,9 @@ class RankInfo:
     # restarts after a failure so far (the same on every rank), and how many the job may have
     restart_count: int = 0
     max_restarts: int = 0
+    # an elastic job's world (docs/elastic.md): its generation, and the node range (None: a fixed node count)
+    world_generation: int = 0
+    elastic_nodes: Optional[Tuple[int, int]] = None
 
     @property
     def is_main(self) -> bool:
@@ -506,6 +538,8 @@ class RankInfo:
             node_addrs=tuple(a for a in env.get(MMT_NODE_ADDRS, "").split(",") if a),
             restart_count=number(MMT_RESTART_COUNT, 0),
             max_restarts=number(MMT_MAX_RESTARTS, 0),
+            world_generation=number(MMT_WORLD_GENERATION, 0),
+            elastic_nodes=_node_range(env.get(MMT_ELASTIC_NODES)),
         )
 
     def batch_sizes(

@@ -9,7 +9,7 @@ and gives up the records, each in one call).
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from mmt.backends.base import Backend, Dependency, Submission
+from mmt.backends.base import Backend, Dependency, Submission, capability_problems
 from mmt.backends.registry import backend_class, scheduler_job
 from mmt.core.errors import ConfigError, UsageError
 from mmt.core.states import JobState
@@ -25,7 +25,7 @@ from mmt.records.registry import Registry, named
 
 def refuse_unrunnable(backend: Backend[Any], plans: Sequence[JobPlan]) -> None:
     for plan in plans:
-        problems = backend.problems(plan)
+        problems = capability_problems(backend, plan) or backend.problems(plan)
         if problems:
             raise problems[0]
 

@@ -179,11 +179,13 @@ def render(plan: JobPlan, backend_lines: List[str]) -> str:
     lines = [
         f"{plan.label} ({plan.name}): "
         f"{' '.join(masked_overrides(plan.overrides, plan.secret_names)) or '(no overrides)'}",
-        f"  topology   {plan.num_nodes:,} nodes x {plan.devices:,} devices = {plan.world_size:,} ranks",
+        f"  topology   {plan.num_nodes:,} nodes x {plan.devices:,} devices = {plan.world_size:,} ranks"
+        + _elastic_note(plan),
         f"  machine    {_machine_line(plan)}",
         f"  image      {plan.image or '(none: this environment)'}",
         f"  runs       {runs}",
         f"  batch      {plan.batch.describe() if plan.batch else _no_batch(plan)}",
+        *_elastic_batches(plan),
         f"  time limit {plan.timeout_s / 60:g} min",
         f"  job dir    {plan.job_dir}",
         *backend_lines,
@@ -191,6 +193,27 @@ def render(plan: JobPlan, backend_lines: List[str]) -> str:
         *_env_lines(plan),
     ]
     return "\n".join(lines)
+
+
+def _elastic_note(plan: JobPlan) -> str:
+    if plan.elastic is None:
+        return ""
+    return (
+        f" at the start; elastic (num_nodes={plan.elastic.label}): it runs on while {plan.elastic.min_nodes} or more "
+        "are alive, its world formed again when one is lost"
+    )
+
+
+def _elastic_batches(plan: JobPlan) -> List[str]:
+    """An elastic job's batch split in each smaller world it may have (the same global batch)."""
+    if plan.elastic is None or plan.batch is None:
+        return []
+    return [
+        f"             on {nodes} nodes: {batch.describe().split(';')[0]}"
+        for nodes in range(plan.elastic.max_nodes - 1, plan.elastic.min_nodes - 1, -1)
+        for batch in [plan.elastic.batch_for(nodes)]
+        if batch is not None
+    ]
 
 
 def _render_roles(plan: JobPlan, backend_lines: List[str]) -> str:

@@ -12,9 +12,18 @@ from omegaconf.errors import OmegaConfBaseException
 
 from mmt.core.errors import ConfigError
 from mmt.core.jobdir import JobDir
-from mmt.core.rank_env import FRAMEWORK_NONE, FRAMEWORKS, TENSORFLOW, RankPlace, framework_port_count, topology_hints
+from mmt.core.rank_env import (
+    FRAMEWORK_NONE,
+    FRAMEWORKS,
+    TENSORFLOW,
+    RankPlace,
+    elastic_env,
+    framework_port_count,
+    topology_hints,
+)
 from mmt.planning import validate as check
 from mmt.planning.batch import BatchPlan, plan_batch
+from mmt.planning.elastic import ElasticPlan, node_range, plan_elastic
 from mmt.planning.machine import Machine, machine_from_config
 from mmt.planning.roles import JobDefaults, RolePlan, plan_roles
 
@@ -79,6 +88,10 @@ class JobPlan:
     # its roles (roles.<name>.*), the primary first; () for a job whose nodes are all alike. With roles, num_nodes
     # counts every role's nodes, and the topology, command and env of the job's fields are the primary role's
     roles: Tuple[RolePlan, ...] = ()
+    # num_nodes=MIN:MAX (None: a fixed count): num_nodes is the world's node count now (MAX at the start), and
+    # generation how many times the world was formed again after a node was lost or joined (MMT_WORLD_GENERATION)
+    elastic: Optional[ElasticPlan] = None
+    generation: int = 0
 
     @property
     def label(self) -> str:
@@ -168,7 +181,15 @@ class JobPlan:
         env = self.batch.env() if self.batch is not None else {}
         if self.command is not None and self.command_mode == "per_rank":
             env.update(topology_hints(self.num_nodes, self.devices))
+        if self.elastic is not None:
+            env.update(elastic_env(self.generation, self.elastic.min_nodes, self.elastic.max_nodes))
         return env
+
+    def at_world(self, nodes: int, generation: int) -> "JobPlan":
+        """The elastic job's plan for its world of ``nodes`` nodes, formed for the ``generation``-th time: the same
+        global batch, split for that world."""
+        assert self.elastic is not None
+        return replace(self, num_nodes=nodes, batch=self.elastic.batch_for(nodes), generation=generation)
 
     @property
     def framework_port_count(self) -> int:
@@ -298,7 +319,7 @@ def plan_job(
     job_dir = check.one_line("hydra.sweep.dir", job_dir, "choose a sweep dir without a newline")
     machine = machine_from_config(launcher_cfg.machine)
     command = _command(launcher_cfg.command)
-    num_nodes = check.whole_number("num_nodes", launcher_cfg.num_nodes, 1, "nodes per job, e.g. num_nodes=2")
+    num_nodes, elastic_range = _num_nodes(launcher_cfg.num_nodes)
     devices = _devices(launcher_cfg.devices, machine)
     framework, command_mode = _framework_and_mode(launcher_cfg, command, devices)
     image = _image("image", launcher_cfg.image)
@@ -314,21 +335,18 @@ def plan_job(
             primary.command,
             primary.command_mode,
         )
-        _within(limits, num_nodes, max(role.devices for role in roles))
-        if sum(role.world_size for role in roles) > limits.max_world:
-            raise ConfigError(
-                "roles",
-                ", ".join(role.name for role in roles),
-                f"{sum(role.world_size for role in roles):,} processes in all is more than the "
-                f"{limits.max_world:,} this backend runs ({limits.why})",
-                limits.hint,
-            )
+        _roles_within(limits, roles)
     else:
         _within(limits, num_nodes, devices)  # before anything is planned per rank
     preload = OmegaConf.select(launcher_cfg, "preload", default=None)
     max_steps = OmegaConf.select(launcher_cfg, "max_steps", default=None)
     interval = _metrics_interval(launcher_cfg)
     batch_nodes = roles[0].num_nodes if roles else num_nodes
+    elastic = _elastic(launcher_cfg, elastic_range, roles, machine, devices, command)
+    if elastic is not None:
+        batch = elastic.batch_for(num_nodes)
+    else:  # the batch section belongs to the recipe; a command replaces the recipe
+        batch = None if command is not None else _batch(launcher_cfg, machine, batch_nodes, devices)
     return JobPlan(
         num=num,
         name=name,
@@ -349,8 +367,7 @@ def plan_job(
         dry_run=bool(launcher_cfg.dry_run),
         summary_metric=launcher_cfg.summary_metric,
         preload=_preload(preload, command),
-        # the batch section belongs to the recipe; a command replaces the recipe
-        batch=None if command is not None else _batch(launcher_cfg, machine, batch_nodes, devices),
+        batch=batch,
         max_steps=_max_steps(max_steps),
         metrics_interval_s=float(interval),
         framework=framework,
@@ -358,6 +375,7 @@ def plan_job(
         **_restart_policy(launcher_cfg, recipe_runs=command is None),
         after=_after(launcher_cfg),
         roles=roles,
+        elastic=elastic,
     )
 
 
@@ -379,6 +397,55 @@ def _roles(launcher_cfg: DictConfig, defaults: JobDefaults, framework: str) -> T
             "set TF_CONFIG or JAX's coordinator in the role's script from its MMT_ROLE_* variables",
         )
     return roles
+
+
+def _roles_within(limits: Limits, roles: Tuple[RolePlan, ...]) -> None:
+    """Every role's nodes and processes together, within what the backend runs."""
+    _within(limits, sum(role.num_nodes for role in roles), max(role.devices for role in roles))
+    if sum(role.world_size for role in roles) > limits.max_world:
+        raise ConfigError(
+            "roles",
+            ", ".join(role.name for role in roles),
+            f"{sum(role.world_size for role in roles):,} processes in all is more than the "
+            f"{limits.max_world:,} this backend runs ({limits.why})",
+            limits.hint,
+        )
+
+
+def _num_nodes(value: Any) -> Tuple[int, Optional[Tuple[int, int]]]:
+    """``num_nodes``: a count, or ``MIN:MAX`` (an elastic job starts with up to MAX nodes): (nodes, the range)."""
+    elastic_range = node_range(value)
+    if elastic_range is not None:
+        return elastic_range[1], elastic_range
+    return check.whole_number("num_nodes", value, 1, "nodes per job, e.g. num_nodes=2"), None
+
+
+def _elastic(
+    launcher_cfg: DictConfig,
+    node_counts: Optional[Tuple[int, int]],
+    roles: Tuple[RolePlan, ...],
+    machine: Machine,
+    devices: int,
+    command: Optional[str],
+) -> Optional[ElasticPlan]:
+    """``num_nodes=MIN:MAX``: the batch plan of every world from MIN to MAX nodes (None: a fixed node count)."""
+    if node_counts is None:
+        return None
+    low, high = node_counts
+    if roles:
+        raise ConfigError(
+            "num_nodes",
+            f"{low}:{high}",
+            "a job with roles is not elastic: each role has its own node count",
+            "give num_nodes a count, e.g. num_nodes=2",
+        )
+    return plan_elastic(
+        low,
+        high,
+        devices,
+        lambda nodes: None if command is not None else _batch(launcher_cfg, machine, nodes, devices),
+        OmegaConf.select(launcher_cfg, "batch.global_size", default=None),
+    )
 
 
 def _image(key: str, value: Any) -> Optional[str]:

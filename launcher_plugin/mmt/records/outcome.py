@@ -25,6 +25,7 @@ from mmt.planning.redact import masked_overrides
 from mmt.records import job_return
 from mmt.records.payload import UnsafePayloadError, open_private
 from mmt.records.schema import ErrorRecord, ExitRecord, ResultRecord, RoleResult
+from mmt.records.world import read_changes
 
 
 @dataclass
@@ -281,6 +282,7 @@ def result_record(
         failure=outcome.failure,
         error=None if completed else str(error_for(plan, outcome)),
         roles=role_results(plan, attempt) if attempt is not None else (),
+        world_changes=tuple(read_changes(attempt.job_dir)) if attempt is not None and plan.elastic else (),
     )
 
 

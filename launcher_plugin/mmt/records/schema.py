@@ -42,6 +42,7 @@ from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar
 from mmt.core.errors import MMTError, RankFailure
 from mmt.core.jobdir import read_json, write_atomic
 from mmt.core.states import JobState
+from mmt.records.world import WorldChange
 
 RESULT_SCHEMA = 1
 OWNER_SCHEMA = 1
@@ -302,6 +303,8 @@ class ResultRecord(_Record):
     requeues: Tuple[Requeue, ...] = ()
     # a job with roles: how each role ended, the primary first
     roles: Tuple[RoleResult, ...] = ()
+    # an elastic job: each time its world formed again (a node lost or joined), oldest first
+    world_changes: Tuple[WorldChange, ...] = ()
 
     @property
     def restarts(self) -> int:
@@ -342,6 +345,8 @@ class ResultRecord(_Record):
             data["requeues"] = [asdict(requeue) for requeue in self.requeues]
         if self.roles:
             data["roles"] = [asdict(role) for role in self.roles]
+        if self.world_changes:
+            data["world_changes"] = [change.to_dict() for change in self.world_changes]
         return data
 
     @classmethod
@@ -376,6 +381,9 @@ class ResultRecord(_Record):
                 one for one in map(Requeue.of, _get(data, "requeues", (list,), ()) or ()) if one is not None
             ),
             roles=tuple(one for one in map(RoleResult.of, _get(data, "roles", (list,), ()) or ()) if one is not None),
+            world_changes=tuple(
+                one for one in map(WorldChange.of, _get(data, "world_changes", (list,), ()) or ()) if one is not None
+            ),
         )
 
     def concludes(self, attempt_id: Optional[str]) -> bool:

@@ -17,6 +17,7 @@ from mmt.core.states import JobState, ProcessState
 from mmt.launching.report import metric_of
 from mmt.records.registry import JobRecord, Registry
 from mmt.records.roles_file import RoleShape, job_node, read_roles, role_node, topology
+from mmt.records.world import read_changes
 from mmt.service import logs as log_files
 from mmt.service import status as job_status
 from mmt.service.machines import Machine, MachineType
@@ -178,6 +179,9 @@ def job_facts(record: JobRecord) -> Dict[str, Any]:
         "earlier_runs": [asdict(run) for run in job_status.earlier_runs(record)],
         # SLURM: the runs that were requeued (a lost node, scontrol requeue, the requeue signal): restart, why, at
         "requeues": [asdict(one) for one in (result.requeues if result is not None else ())],
+        # an elastic job: each time its world formed again, as it happens (a node lost: which, when, the world and
+        # the batch split before and after, the seconds to training again)
+        "world_changes": [change.to_dict() for change in read_changes(JobDir(Path(record.job_dir)))],
     }
 
 

@@ -29,6 +29,7 @@ from mmt.backends import registry
 from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission
 from mmt.backends.dependencies import dependency_state, why_cancelled
 from mmt.backends.local import images, records
+from mmt.backends.local.elastic import ElasticCoordinator, ElasticJob
 from mmt.backends.local.host import PortReservations, cpu_cores, visible_gpus
 from mmt.backends.local.watch import LocalWatcher
 from mmt.core import proctree
@@ -122,6 +123,9 @@ class LocalJob(JobHandle):
     hang: Optional[hangs.HangWatch] = None
     # its processes are node agents in containers (indices: nodes), which record their ranks themselves
     node_agents: bool = False
+    # an elastic job (num_nodes=MIN:MAX): its world, and who forms it again when a node is lost (indices: slots)
+    elastic: Optional[ElasticJob] = None
+    coordinator: Optional[ElasticCoordinator] = None
     # a job with roles: how its processes exited so far (index -> code), and the failure of a role that ended before
     # the primary role though it may not (early_exit=fail)
     exit_codes: Dict[int, int] = field(default_factory=dict)
@@ -135,6 +139,8 @@ class LocalBackend(Backend[LocalJob]):
     name = "local"
     warms_up = True
     runs_roles = True
+    # num_nodes=MIN:MAX: every node a node agent here, the world formed again when one is lost (docs/elastic.md)
+    runs_elastic = True
 
     def __init__(self, settings: LocalSettings) -> None:
         self.settings = settings
@@ -145,6 +151,7 @@ class LocalBackend(Backend[LocalJob]):
         self.agent: Optional[AgentClient] = None
         self.queue: Deque[LocalJob] = deque()
         self.jobs: Dict[str, LocalJob] = {}  # running, by job id
+        self.notices: List[str] = []  # for the console: an elastic job's world changes
 
     @classmethod
     def from_config(cls, launcher_cfg: DictConfig) -> "LocalBackend":
@@ -177,6 +184,15 @@ class LocalBackend(Backend[LocalJob]):
 
     def problems(self, plan: JobPlan) -> List[ConfigError]:
         found = self._image_problems(plan)
+        if plan.elastic is not None and plan.image is not None:
+            found.append(
+                ConfigError(
+                    "image",
+                    plan.image,
+                    f"cluster=local runs an elastic job (num_nodes={plan.elastic.label}) in this environment only",
+                    "drop image=..., or give num_nodes a count",
+                )
+            )
         needed = plan.world_size if plan.machine.gpus else 0
         if needed > len(self.host_gpus):
             found.append(
@@ -257,6 +273,10 @@ class LocalBackend(Backend[LocalJob]):
         if self.agent is None:  # its interpreter starts while the launcher composes the jobs (two cores, not one)
             self.agent = AgentClient(self.settings.start_method, preload)
 
+    def drain_notices(self) -> List[str]:
+        notices, self.notices = self.notices, []
+        return notices
+
     def wait(self, timeout_s: float) -> None:
         self._schedule()
         if self.agent is None:
@@ -270,6 +290,8 @@ class LocalBackend(Backend[LocalJob]):
                 self._agent_died(str(gone))
         now = time.monotonic()
         for job in list(self.jobs.values()):
+            if job.elastic is not None and job.stop_sent is None:
+                self._elastic_tick(job)
             if job.stop_status is None and now >= job.deadline:
                 self._stop(job, JobState.TIMEOUT, running_detail(job.plan, self._running_processes(job)))
             elif job.hang is not None and job.stop_sent is None:
@@ -281,6 +303,8 @@ class LocalBackend(Backend[LocalJob]):
         if not job.node_agents:
             return sorted(job.running)
         done = job.attempt.done  # a node agent runs on while its ranks: which of them had not finished
+        if job.elastic is not None:  # the world's ranks
+            return [i for i in range(job.elastic.plan.process_count) if done(i) is None]
         return [i for node in sorted(job.running) for i in job.plan.node_indices(node) if done(i) is None]
 
     def _watch_for_hang(self, job: LocalJob, now: float) -> None:
@@ -356,10 +380,26 @@ class LocalBackend(Backend[LocalJob]):
                 for index, place in enumerate(plan.places())
             ]
         held = list(waiting)
+        if plan.elastic is not None:  # every node a node agent here, which forks its ranks world after world
+            job.coordinator = ElasticCoordinator(
+                master_addr=self.settings.master_addr,
+                kill_grace_s=self.settings.kill_grace_s,
+                start_method=self.settings.start_method,
+                rank_specs=lambda world, meet: [
+                    self._rank_spec(job, index, place, meet, [], cwd, plan=world)
+                    for index, place in enumerate(world.places())
+                ],
+                reserve_port=self.ports.reserve,
+                release_port=self.ports.release,
+            )
+            assert job.port is not None
+            job.elastic, specs = job.coordinator.start(plan, job.attempt, job.port, cwd)
         # the task function in an image: each node's container runs a node agent, which forks its ranks; with
         # roles, every node runs a node agent then (in its role's image, or here), as on a cluster
-        node_agents = any(own.image is not None and own.command is None for own in self._node_plans(plan))
-        if node_agents:
+        node_agents = plan.elastic is not None or any(
+            own.image is not None and own.command is None for own in self._node_plans(plan)
+        )
+        if node_agents and plan.elastic is None:
             specs, in_images = self._node_agents(job, specs, cwd)
             held += in_images
         elif plan.hang_timeout_s is not None:
@@ -389,6 +429,8 @@ class LocalBackend(Backend[LocalJob]):
                 metrics_interval_s=plan.metrics_interval_s,
                 containers=tuple(held),
                 node_agents=node_agents,
+                # an elastic job's node agent that dies is a lost node, not the job's end: the coordinator decides
+                fail_fast=plan.elastic is None,
             )
         )
 
@@ -415,9 +457,11 @@ class LocalBackend(Backend[LocalJob]):
         rendezvous: Rendezvous,
         nodes: Sequence[containers.NodeContainer],
         cwd: str,
+        plan: Optional[JobPlan] = None,
     ) -> ProcessSpec:
-        """Process ``index`` of the job (a rank, or a node's command): its environment, GPUs and log."""
-        plan = job.plan
+        """Process ``index`` of the job (a rank, or a node's command): its environment, GPUs and log. ``plan``: the
+        world's, for an elastic job's later worlds."""
+        plan = plan or job.plan
         env = self._process_env(plan, place, rendezvous, job.submission.copied_env, job.submission.restart)
         env.update(hangs.hang_env(plan, job.attempt, index))  # where progress shows, where a stack goes
         if job.gpus:  # node n sees its own devices; LOCAL_RANK indexes into them
@@ -646,6 +690,8 @@ class LocalBackend(Backend[LocalJob]):
             return
         if message["op"] == "started":
             job.pids[message["index"]] = message["pid"]
+        elif message["op"] == "exited" and job.elastic is not None:
+            self._elastic_node_exited(job, message["index"], message["code"])
         elif message["op"] == "exited":
             job.running.discard(message["index"])
             job.last_exit = time.monotonic()
@@ -657,6 +703,35 @@ class LocalBackend(Backend[LocalJob]):
                 self._role_exited(job, message["index"], message["code"])
         elif message["op"] == "ended":
             self._finish(job)
+
+    def _elastic_node_exited(self, job: LocalJob, slot: int, code: int) -> None:
+        """An elastic job's node agent ended: its ranks finished (0), or the node is lost (the world forms again
+        without it, or the job fails below its minimum)."""
+        assert job.elastic is not None and job.coordinator is not None
+        job.running.discard(slot)
+        job.last_exit = time.monotonic()
+        if job.stop_sent is not None:
+            return
+        if code == 0:
+            job.coordinator.node_done(job.elastic, slot)
+            return
+        failed = job.coordinator.node_lost(job.elastic, slot)
+        if failed is not None:
+            self._stop(job, JobState.FAILED, failed)
+        elif job.elastic.change is not None:
+            self.notices.append(f"mmt: {job.plan.label} ({job.plan.name}): {job.elastic.change.describe()}")
+
+    def _elastic_tick(self, job: LocalJob) -> None:
+        assert job.elastic is not None and job.coordinator is not None
+        before = job.elastic.change
+        failed = job.coordinator.tick(job.elastic)
+        change = job.elastic.change
+        if change is not None and change.training_at is not None and (before is None or before.training_at is None):
+            self.notices.append(f"mmt: {job.plan.label} ({job.plan.name}): {change.describe()}")
+        job.port = job.elastic.port  # a new world meets on a port of its own
+        if failed is not None:
+            job.failed_first = True  # the job's failure is its first failed rank's (first_failure)
+            self._stop(job, JobState.FAILED, failed)
 
     def _role_exited(self, job: LocalJob, index: int, code: int) -> None:
         """A process of a job with roles exited cleanly: once the primary role's have all ended, the job ends and
@@ -688,7 +763,7 @@ class LocalBackend(Backend[LocalJob]):
 
     def _finish(self, job: LocalJob) -> None:
         del self.jobs[job.plan.job_id]
-        plan = job.plan
+        plan = job.plan if job.elastic is None else job.elastic.plan  # an elastic job: its last world's
         ended = time.monotonic()
         outcome = JobOutcome(status=JobState.COMPLETED, duration_s=ended - (job.started or ended))
         if job.stop_sent is not None:  # how long the processes took to go once stopping began

@@ -1,0 +1,204 @@
+"""The coordinator of an elastic local job (``num_nodes=MIN:MAX``): every simulated node is a node agent of its own
+(``python -m mmt.agent.elastic``, started by the host agent, which does not stop the others when one dies), and this
+coordinator decides the job's world (``mmt.records.world``).
+
+* A node agent that dies (killed, crashed) is a lost node. With at least MIN nodes left, the world forms again: the
+  coordinator writes the new world as ``forming``; every surviving agent stops its ranks and says so; then the
+  coordinator sets the old world's records aside, plans the new world (the same global batch, split for it; a new
+  ``MASTER_PORT``; ``MMT_WORLD_GENERATION`` one higher), writes each agent's ranks and marks the world ``running``,
+  and the agents fork them from their warm interpreters. Fewer than MIN: the job fails, naming the lost nodes.
+* A rank that fails while no node is lost (it raised) fails the job, as in any job: the agents wait for the
+  coordinator's word, which, after ``LOSS_GRACE_S`` without a lost node, is to stop.
+* Each change is a line of ``world.jsonl`` (:class:`mmt.records.world.WorldChange`), with the time from the loss to
+  the new world's first training step (its rank 0's first heartbeat).
+"""
+
+import pickle
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Set, Tuple
+
+from mmt.agent.node import NodeRun
+from mmt.agent.processes import ProcessSpec
+from mmt.core.jobdir import Attempt, write_atomic
+from mmt.planning.environment import Rendezvous
+from mmt.planning.plan import JobPlan
+from mmt.records.world import FORMING, RUNNING, World, WorldChange, ended_code, record_change
+
+# a rank failure with no lost node is the job's failure once this long has passed without one: a lost node's peers
+# may fail in their collective a moment before the host agent reports the lost node's agent gone
+LOSS_GRACE_S = 1.0
+
+# the rank specs of a world: (its plan, where its ranks meet) -> every process, its node_rank the world's
+RankSpecs = Callable[[JobPlan, Rendezvous], List[ProcessSpec]]
+
+
+@dataclass
+class ElasticJob:
+    """One elastic job's world, as its coordinator keeps it."""
+
+    plan: JobPlan  # the plan of the world that runs (or ran last, while the next forms)
+    attempt: Attempt
+    running: World  # the world that runs (or ran last)
+    alive: Set[int]  # the node slots whose agents are alive
+    port: int
+    forming: Optional[World] = None
+    change: Optional[WorldChange] = None  # the last change, until its first training step is seen
+    failed_seen: Optional[float] = None
+    lost: List[int] = field(default_factory=list)
+
+    @property
+    def world(self) -> World:
+        return self.forming or self.running
+
+
+class ElasticCoordinator:
+    """Starts an elastic job's node agents and forms its world again as nodes are lost."""
+
+    def __init__(
+        self,
+        *,
+        master_addr: str,
+        kill_grace_s: float,
+        start_method: str,
+        rank_specs: RankSpecs,
+        reserve_port: Callable[[], int],
+        release_port: Callable[[int], None],
+    ) -> None:
+        self.master_addr, self.kill_grace_s, self.start_method = master_addr, kill_grace_s, start_method
+        self.rank_specs, self.reserve_port, self.release_port = rank_specs, reserve_port, release_port
+
+    def start(self, plan: JobPlan, attempt: Attempt, port: int, cwd: str) -> Tuple[ElasticJob, List[ProcessSpec]]:
+        """The first world, every node of the plan; the host agent's processes: one node agent per node."""
+        slots = tuple(range(plan.num_nodes))
+        job = ElasticJob(plan=plan, attempt=attempt, running=World(0, slots, RUNNING), alive=set(slots), port=port)
+        ranks = self.rank_specs(plan, self._rendezvous(plan, port))
+        job.running.write(attempt)
+        agents = []
+        for slot in slots:
+            path = attempt.node_run(slot)
+            self._write_node_run(path, plan, attempt, slot, [spec for spec in ranks if spec.node_rank == slot])
+            agents.append(
+                ProcessSpec(
+                    job_id=plan.job_id,
+                    index=slot,
+                    node_rank=slot,
+                    attempt_dir=str(attempt.dir),
+                    env={},
+                    cwd=cwd,
+                    log=str(attempt.agent_log(slot)),
+                    argv=(sys.executable, "-u", "-m", "mmt.agent.elastic", str(path)),
+                )
+            )
+        return job, agents
+
+    def node_lost(self, job: ElasticJob, slot: int) -> Optional[str]:
+        """Node ``slot``'s agent died: form the world again without it; the job's failure when too few are left."""
+        job.alive.discard(slot)
+        job.lost.append(slot)
+        elastic = job.plan.elastic
+        assert elastic is not None
+        if len(job.alive) < elastic.min_nodes:
+            return (
+                f"lost node {', '.join(map(str, job.lost))} (its node agent died): {len(job.alive)} node(s) left, "
+                f"fewer than the {elastic.min_nodes} that num_nodes={elastic.label} needs"
+            )
+        generation = job.running.generation + 1
+        earlier = job.change if job.forming is not None and job.change is not None else None  # lost while forming
+        job.forming = World(generation, tuple(sorted(job.alive)), FORMING)
+        job.forming.write(job.attempt)
+        after = job.plan.at_world(len(job.forming.slots), generation)
+        job.change = WorldChange(
+            generation=generation,
+            at=earlier.at if earlier is not None else time.time(),
+            lost=(*(earlier.lost if earlier is not None else ()), slot),
+            joined=(),
+            nodes_before=job.plan.num_nodes,
+            nodes_after=after.num_nodes,
+            world_before=job.plan.world_size,
+            world_after=after.world_size,
+            batch_before=job.plan.batch.describe() if job.plan.batch else None,
+            batch_after=after.batch.describe() if after.batch else None,
+        )
+        record_change(job.attempt.job_dir, job.change)
+        return None
+
+    def node_done(self, job: ElasticJob, slot: int) -> None:
+        """Node ``slot``'s agent ended well (its ranks finished training): no world forms with it any more."""
+        job.alive.discard(slot)
+        if job.forming is not None and slot in job.forming.slots:
+            job.forming = replace(job.forming, slots=tuple(s for s in job.forming.slots if s != slot))
+            job.forming.write(job.attempt)
+
+    def tick(self, job: ElasticJob) -> Optional[str]:
+        """Move the job's world on: start a world that has formed, note the first training step after a change;
+        the job's failure when a rank failed and no node was lost (after the grace)."""
+        if job.forming is not None:
+            self._maybe_run(job)
+            return None
+        change = job.change
+        if change is not None and change.training_at is None and change.formed_at is not None:
+            heartbeat = job.attempt.heartbeat_file(0)
+            if heartbeat.exists():
+                job.change = replace(change, training_at=heartbeat.stat().st_mtime)
+                record_change(job.attempt.job_dir, job.change)
+        failed = [
+            slot for slot in job.running.slots if ended_code(job.attempt, slot, job.running.generation) not in (None, 0)
+        ]
+        if not failed:
+            job.failed_seen = None
+            return None
+        now = time.monotonic()
+        if job.failed_seen is None:
+            job.failed_seen = now
+        if now - job.failed_seen < LOSS_GRACE_S:
+            return None
+        return f"a rank failed on node {failed[0]} with no node lost"
+
+    def release(self, job: ElasticJob) -> None:
+        self.release_port(job.port)
+
+    def _maybe_run(self, job: ElasticJob) -> None:
+        """Once every agent of the forming world has stopped its ranks: plan the world, give each agent its ranks,
+        and mark it running."""
+        forming, attempt = job.forming, job.attempt
+        assert forming is not None
+        previous = job.running.generation
+        if any(ended_code(attempt, slot, previous) is None for slot in forming.slots if slot in job.running.slots):
+            return
+        attempt.set_generation_aside(previous)
+        plan = job.plan.at_world(len(forming.slots), forming.generation)
+        self.release_port(job.port)
+        job.port = self.reserve_port()
+        ranks = self.rank_specs(plan, self._rendezvous(plan, job.port))
+        for rank, slot in enumerate(forming.slots):
+            mine = [spec for spec in ranks if spec.node_rank == rank]
+            self._write_node_run(attempt.elastic_node_run(slot, forming.generation), plan, attempt, rank, mine)
+        job.plan, job.running, job.forming, job.failed_seen = plan, replace(forming, state=RUNNING), None, None
+        job.running.write(attempt)
+        if job.change is not None:
+            job.change = replace(job.change, formed_at=time.time())
+            record_change(attempt.job_dir, job.change)
+
+    def _rendezvous(self, plan: JobPlan, port: int) -> Rendezvous:
+        # every simulated node is this host: one address for all
+        return Rendezvous(self.master_addr, port, node_addrs=(self.master_addr,) * plan.num_nodes)
+
+    def _write_node_run(
+        self, path: Path, plan: JobPlan, attempt: Attempt, node_rank: int, processes: Sequence[ProcessSpec]
+    ) -> None:
+        run = NodeRun(
+            job_id=plan.job_id,
+            node_rank=node_rank,
+            job_dir=plan.job_dir,
+            attempt_dir=str(attempt.dir),
+            kill_grace_s=self.kill_grace_s,
+            preload=plan.preload,
+            method=self.start_method,
+            processes=tuple(processes),
+            metrics_interval_s=plan.metrics_interval_s,
+            hang_plan=plan if plan.hang_timeout_s is not None else None,
+        )
+        write_atomic(path, pickle.dumps(run), private=True)

@@ -1,0 +1,144 @@
+"""An elastic job's world (``num_nodes=MIN:MAX``, docs/elastic.md): which of its nodes form it now, and every change.
+
+* ``<attempt>/world.json`` (:class:`World`): the generation, its nodes (by slot: a node's place when the job started)
+  in node-rank order, and its state. ``forming``: the coordinator (the backend that watches the job) has decided a
+  new world; every node agent in it stops its ranks and says so (``world.ended.<slot>.<generation>``). ``running``:
+  each agent's ranks for it are in ``node.<slot>.g<generation>.pkl``, and the agents start them. Written atomically
+  by the coordinator only, read by the node agents.
+* ``<job dir>/world.jsonl`` (:class:`WorldChange`, a line each): what changed, when, the world before and after,
+  the batch split before and after, and how long from the loss to training again; ``mmt inspect``, the page and
+  ``result.json`` read it.
+"""
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from mmt.core.jobdir import Attempt, JobDir, read_json, write_atomic
+
+FORMING, RUNNING = "forming", "running"
+
+
+@dataclass(frozen=True)
+class World:
+    generation: int
+    # the node slots in the world, in node-rank order (slot: the node's index when the job started)
+    slots: Tuple[int, ...]
+    state: str
+
+    def node_rank(self, slot: int) -> Optional[int]:
+        return self.slots.index(slot) if slot in self.slots else None
+
+    def write(self, attempt: Attempt) -> None:
+        data = {"generation": self.generation, "slots": list(self.slots), "state": self.state}
+        write_atomic(attempt.world_file, json.dumps(data).encode(), private=True)
+
+    @classmethod
+    def read(cls, attempt: Attempt) -> Optional["World"]:
+        data = read_json(attempt.world_file)
+        if data is None:
+            return None
+        return cls(int(data["generation"]), tuple(int(slot) for slot in data["slots"]), str(data["state"]))
+
+
+def mark_ended(attempt: Attempt, slot: int, generation: int, code: int) -> None:
+    """A node agent: its ranks of world ``generation`` are all gone, with this code (0: they all succeeded)."""
+    write_atomic(attempt.world_ended(slot, generation), str(code).encode(), private=True)
+
+
+def ended_code(attempt: Attempt, slot: int, generation: int) -> Optional[int]:
+    try:
+        return int(attempt.world_ended(slot, generation).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class WorldChange:
+    """One change of an elastic job's world."""
+
+    generation: int  # the world formed by the change
+    at: float  # when the coordinator saw the loss (or the join), wall clock
+    lost: Tuple[int, ...]  # node slots lost
+    joined: Tuple[int, ...]
+    nodes_before: int
+    nodes_after: int
+    world_before: int
+    world_after: int
+    batch_before: Optional[str] = None
+    batch_after: Optional[str] = None
+    # when the new world's ranks were started, and its first training step after the change (None: not seen)
+    formed_at: Optional[float] = None
+    training_at: Optional[float] = None
+
+    @property
+    def to_training_s(self) -> Optional[float]:
+        return None if self.training_at is None else self.training_at - self.at
+
+    def describe(self) -> str:
+        what = []
+        if self.lost:
+            what.append("lost node " + ", ".join(map(str, self.lost)))
+        if self.joined:
+            what.append("node " + ", ".join(map(str, self.joined)) + " joined")
+        again = "" if self.to_training_s is None else f"; training again {self.to_training_s:.1f} s after"
+        return (
+            f"world {self.generation}: {' and '.join(what)}: {self.nodes_before} -> {self.nodes_after} nodes, "
+            f"{self.world_before} -> {self.world_after} ranks{again}"
+        )
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["lost"], data["joined"] = list(self.lost), list(self.joined)
+        data["to_training_s"] = self.to_training_s
+        return data
+
+    @classmethod
+    def of(cls, data: Any) -> Optional["WorldChange"]:
+        if not isinstance(data, dict):
+            return None
+        fields: Dict[str, Any] = {key: value for key, value in data.items() if key in cls.__dataclass_fields__}
+        for key in ("lost", "joined"):
+            fields[key] = tuple(fields.get(key) or ())
+        try:
+            return cls(**fields)
+        except TypeError:
+            return None
+
+
+def record_change(job_dir: JobDir, change: WorldChange) -> None:
+    """Add or update (the same generation) a change in the job's ``world.jsonl``."""
+    changes = [old for old in read_changes(job_dir) if old.generation != change.generation] + [change]
+    text = "".join(json.dumps(one.to_dict()) + "\n" for one in sorted(changes, key=lambda c: c.generation))
+    write_atomic(job_dir.world_changes, text.encode())
+
+
+def read_changes(job_dir: JobDir) -> List[WorldChange]:
+    try:
+        lines = job_dir.world_changes.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            change = WorldChange.of(json.loads(line))
+        except ValueError:
+            continue
+        if change is not None:
+            found.append(change)
+    return found
+
+
+def first_step_after(path: Path, since: float) -> Optional[float]:
+    """When a heartbeat file (touched at every training step) was first seen touched after ``since``, else None."""
+    try:
+        touched = path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    return touched if touched >= since else None
+
+
+def now() -> float:
+    return time.time()
