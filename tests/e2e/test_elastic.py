@@ -131,6 +131,24 @@ def test_below_its_minimum_the_job_fails_naming_the_lost_nodes(tmp_path, tag):
     ), result["error"]
 
 
+def test_below_its_minimum_with_max_restarts_the_job_starts_again_on_every_node(tmp_path, tag):
+    launcher = launch(tmp_path, tag, "recipe.max_steps=60", "hydra.launcher.max_restarts=1")
+    job = tmp_path / "0"
+    wait_until(lambda: last_step(job) >= 2, 240, "training")
+    attempt = attempt_of(job)
+    os.kill(agent_pid(attempt, 2), signal.SIGKILL)
+    wait_until(lambda: world_changes(job), 60, "the first change")
+    os.kill(agent_pid(attempt, 1), signal.SIGKILL)
+    out, _ = launcher.communicate(timeout=400)
+    assert launcher.returncode == 0, out
+    (result,) = results(tmp_path)
+    assert result["status"] == "COMPLETED" and result["restarts"] == 1
+    assert "lost node 2, 1 (its node agent died)" in result["earlier_runs"][0]["error"]
+    # the restart is the whole job again, every node back (its world 0); the run before's change stays recorded
+    assert result["return_value"]["world_size"] == 6 and result["return_value"]["steps"] == 60
+    assert [(c["restart"], c["generation"], c["lost"]) for c in result["world_changes"]] == [(0, 1, [2])]
+
+
 def test_ctrl_c_after_a_change_stops_every_node_and_leaves_nothing(tmp_path, tag):
     launcher = launch(tmp_path, tag, "recipe.max_steps=400")
     job = tmp_path / "0"

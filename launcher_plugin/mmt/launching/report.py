@@ -13,7 +13,7 @@ from mmt.launching.console import Console, clean
 from mmt.launching.jobs import JobReport, LaunchReport, NotStarted
 from mmt.planning.redact import env_names_in, masked_overrides
 from mmt.records.metric import summary_metric, sweep_metric_name
-from mmt.records.world import WorldChange
+from mmt.records.schema import ResultRecord
 
 # characters of a job's overrides the printed summary shows (summary.csv keeps them all): a sweep over long values
 # (a command, a list) must not widen every row of the table to hundreds of columns
@@ -158,12 +158,13 @@ def _job_row(job: JobReport) -> SummaryRow:
         duration_s=outcome.duration_s,
         metric=metric["value"],
         note=note,
-        shape=plan.topology if plan.roles else _elastic_shape(plan.num_nodes, plan.devices, job.record.world_changes),
+        shape=plan.topology if plan.roles else _elastic_shape(plan.num_nodes, plan.devices, job.record),
     )
 
 
-def _elastic_shape(nodes: int, devices: int, changes: Sequence[WorldChange]) -> Optional[str]:
-    """An elastic job whose world changed: ``3 -> 2 x 2`` (the nodes it started and ended with)."""
+def _elastic_shape(nodes: int, devices: int, record: ResultRecord) -> Optional[str]:
+    """An elastic job whose last run's world changed: ``3 -> 2 x 2`` (the nodes it started and ended with)."""
+    changes = [change for change in record.world_changes if change.restart == record.restarts]
     if not changes:
         return None
     return f"{nodes} -> {changes[-1].nodes_after} x {devices}"

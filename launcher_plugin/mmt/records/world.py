@@ -59,7 +59,7 @@ def ended_code(attempt: Attempt, slot: int, generation: int) -> Optional[int]:
 class WorldChange:
     """One change of an elastic job's world."""
 
-    generation: int  # the world formed by the change
+    generation: int  # the world formed by the change (in its run: a restart starts again at world 0)
     at: float  # when the coordinator saw the loss (or the join), wall clock
     lost: Tuple[int, ...]  # node slots lost
     joined: Tuple[int, ...]
@@ -72,6 +72,7 @@ class WorldChange:
     # when the new world's ranks were started, and its first training step after the change (None: not seen)
     formed_at: Optional[float] = None
     training_at: Optional[float] = None
+    restart: int = 0  # the job's run (MMT_RESTART_COUNT) whose world changed
 
     @property
     def to_training_s(self) -> Optional[float]:
@@ -84,8 +85,9 @@ class WorldChange:
         if self.joined:
             what.append("node " + ", ".join(map(str, self.joined)) + " joined")
         again = "" if self.to_training_s is None else f"; training again {self.to_training_s:.1f} s after"
+        run = f" of run {self.restart}" if self.restart else ""
         return (
-            f"world {self.generation}: {' and '.join(what)}: {self.nodes_before} -> {self.nodes_after} nodes, "
+            f"world {self.generation}{run}: {' and '.join(what)}: {self.nodes_before} -> {self.nodes_after} nodes, "
             f"{self.world_before} -> {self.world_after} ranks{again}"
         )
 
@@ -109,9 +111,10 @@ class WorldChange:
 
 
 def record_change(job_dir: JobDir, change: WorldChange) -> None:
-    """Add or update (the same generation) a change in the job's ``world.jsonl``."""
-    changes = [old for old in read_changes(job_dir) if old.generation != change.generation] + [change]
-    text = "".join(json.dumps(one.to_dict()) + "\n" for one in sorted(changes, key=lambda c: c.generation))
+    """Add or update (the same run's same generation) a change in the job's ``world.jsonl``."""
+    key = (change.restart, change.generation)
+    changes = [old for old in read_changes(job_dir) if (old.restart, old.generation) != key] + [change]
+    text = "".join(json.dumps(one.to_dict()) + "\n" for one in sorted(changes, key=lambda c: (c.restart, c.generation)))
     write_atomic(job_dir.world_changes, text.encode())
 
 

@@ -393,7 +393,7 @@ class LocalBackend(Backend[LocalJob]):
                 release_port=self.ports.release,
             )
             assert job.port is not None
-            job.elastic, specs = job.coordinator.start(plan, job.attempt, job.port, cwd)
+            job.elastic, specs = job.coordinator.start(plan, job.attempt, job.port, cwd, job.submission.restart)
         # the task function in an image: each node's container runs a node agent, which forks its ranks; with
         # roles, every node runs a node agent then (in its role's image, or here), as on a cluster
         node_agents = plan.elastic is not None or any(

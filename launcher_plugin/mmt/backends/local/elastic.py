@@ -44,6 +44,7 @@ class ElasticJob:
     running: World  # the world that runs (or ran last)
     alive: Set[int]  # the node slots whose agents are alive
     port: int
+    restart: int = 0  # the job's run (MMT_RESTART_COUNT)
     forming: Optional[World] = None
     change: Optional[WorldChange] = None  # the last change, until its first training step is seen
     failed_seen: Optional[float] = None
@@ -70,10 +71,17 @@ class ElasticCoordinator:
         self.master_addr, self.kill_grace_s, self.start_method = master_addr, kill_grace_s, start_method
         self.rank_specs, self.reserve_port, self.release_port = rank_specs, reserve_port, release_port
 
-    def start(self, plan: JobPlan, attempt: Attempt, port: int, cwd: str) -> Tuple[ElasticJob, List[ProcessSpec]]:
-        """The first world, every node of the plan; the host agent's processes: one node agent per node."""
+    def start(
+        self, plan: JobPlan, attempt: Attempt, port: int, cwd: str, restart: int = 0
+    ) -> Tuple[ElasticJob, List[ProcessSpec]]:
+        """The first world, every node of the plan; the host agent's processes: one node agent per node. A restart
+        (``restart``: its count) starts from world 0 again, every node back: the run before's worlds are gone."""
+        for stale in [*attempt.dir.glob("world.ended.*"), *attempt.dir.glob("node.*.g*.pkl")]:
+            stale.unlink(missing_ok=True)
         slots = tuple(range(plan.num_nodes))
-        job = ElasticJob(plan=plan, attempt=attempt, running=World(0, slots, RUNNING), alive=set(slots), port=port)
+        job = ElasticJob(
+            plan=plan, attempt=attempt, running=World(0, slots, RUNNING), alive=set(slots), port=port, restart=restart
+        )
         ranks = self.rank_specs(plan, self._rendezvous(plan, port))
         job.running.write(attempt)
         agents = []
@@ -121,6 +129,7 @@ class ElasticCoordinator:
             world_after=after.world_size,
             batch_before=job.plan.batch.describe() if job.plan.batch else None,
             batch_after=after.batch.describe() if after.batch else None,
+            restart=job.restart,
         )
         record_change(job.attempt.job_dir, job.change)
         return None
