@@ -372,14 +372,6 @@ class LocalBackend(Backend[LocalJob]):
         rendezvous = self._reserve(job)
         cwd = os.getcwd()
         waiting = self._command_containers(job, cwd)  # a command's nodes in an image: containers its execs enter
-        if plan.roles:
-            specs = self._role_specs(job, cwd, {node.node_rank: node for node in waiting})
-        else:
-            specs = [
-                self._rank_spec(job, index, place, rendezvous, waiting, cwd)
-                for index, place in enumerate(plan.places())
-            ]
-        held = list(waiting)
         if plan.elastic is not None:  # every node a node agent here, which forks its ranks world after world
             job.coordinator = ElasticCoordinator(
                 master_addr=self.settings.master_addr,
@@ -394,6 +386,14 @@ class LocalBackend(Backend[LocalJob]):
             )
             assert job.port is not None
             job.elastic, specs = job.coordinator.start(plan, job.attempt, job.port, cwd, job.submission.restart)
+        elif plan.roles:
+            specs = self._role_specs(job, cwd, {node.node_rank: node for node in waiting})
+        else:
+            specs = [
+                self._rank_spec(job, index, place, rendezvous, waiting, cwd)
+                for index, place in enumerate(plan.places())
+            ]
+        held = list(waiting)
         # the task function in an image: each node's container runs a node agent, which forks its ranks; with
         # roles, every node runs a node agent then (in its role's image, or here), as on a cluster
         node_agents = plan.elastic is not None or any(
@@ -402,7 +402,7 @@ class LocalBackend(Backend[LocalJob]):
         if node_agents and plan.elastic is None:
             specs, in_images = self._node_agents(job, specs, cwd)
             held += in_images
-        elif plan.hang_timeout_s is not None:
+        elif plan.hang_timeout_s is not None and not node_agents:  # (node agents watch for hangs themselves)
             job.hang = hangs.HangWatch(plan, job.attempt)
         job.started = time.monotonic()
         job.deadline = job.started + max(0.0, plan.timeout_s - job.submission.time_used_s)
