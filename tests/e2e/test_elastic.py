@@ -113,14 +113,18 @@ def test_a_lost_node_costs_that_node_the_survivors_form_a_smaller_world_and_fini
     assert "world 1       lost node 2: 3 -> 2 nodes, 6 -> 4 ranks; training again" in inspected.stdout, inspected
 
 
-def test_below_its_minimum_the_job_fails_naming_the_lost_nodes(tmp_path, tag):
-    launcher = launch(tmp_path, tag, "recipe.max_steps=400")
-    job = tmp_path / "0"
+def lose_nodes_2_then_1(job: Path) -> None:
+    """Once training runs, node 2 is lost, and node 1 once the world formed without it: 1 node of 2:3 left."""
     wait_until(lambda: last_step(job) >= 2, 240, "training")
     attempt = attempt_of(job)
     os.kill(agent_pid(attempt, 2), signal.SIGKILL)
     wait_until(lambda: world_changes(job), 60, "the first change")
     os.kill(agent_pid(attempt, 1), signal.SIGKILL)
+
+
+def test_below_its_minimum_the_job_fails_naming_the_lost_nodes(tmp_path, tag):
+    launcher = launch(tmp_path, tag, "recipe.max_steps=400")
+    lose_nodes_2_then_1(tmp_path / "0")
     out, _ = launcher.communicate(timeout=120)
     assert launcher.returncode != 0
     (result,) = results(tmp_path)
@@ -133,12 +137,7 @@ def test_below_its_minimum_the_job_fails_naming_the_lost_nodes(tmp_path, tag):
 
 def test_below_its_minimum_with_max_restarts_the_job_starts_again_on_every_node(tmp_path, tag):
     launcher = launch(tmp_path, tag, "recipe.max_steps=60", "hydra.launcher.max_restarts=1")
-    job = tmp_path / "0"
-    wait_until(lambda: last_step(job) >= 2, 240, "training")
-    attempt = attempt_of(job)
-    os.kill(agent_pid(attempt, 2), signal.SIGKILL)
-    wait_until(lambda: world_changes(job), 60, "the first change")
-    os.kill(agent_pid(attempt, 1), signal.SIGKILL)
+    lose_nodes_2_then_1(tmp_path / "0")
     out, _ = launcher.communicate(timeout=400)
     assert launcher.returncode == 0, out
     (result,) = results(tmp_path)

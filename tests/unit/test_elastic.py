@@ -2,49 +2,24 @@
 global batch), the variables every rank gets, the world records, and the local coordinator's decisions (which world
 forms, when it runs, when the job fails) driven by the files its node agents would write."""
 
-import os
 import pickle
 import time
-from pathlib import Path
 from typing import List
 
 import pytest
 
-from helpers.config import compose_train
+from helpers.plans import planned
 from mmt.core.errors import ConfigError
 from mmt.core.jobdir import JobDir
 from mmt.core.rank_env import RankInfo
 from mmt.core.states import JobState
-from mmt.launching.prepare import make_backend
-from mmt.launching.submit import refuse_unrunnable
 from mmt.planning.elastic import node_range
 from mmt.planning.environment import Rendezvous
-from mmt.planning.plan import JobPlan, plan_job
+from mmt.planning.plan import JobPlan
 from mmt.records.schema import ResultRecord
 from mmt.records.world import FORMING, RUNNING, World, WorldChange, mark_ended, read_changes, record_change
 
 ELASTIC = ["num_nodes=2:3", "devices=2", "batch.global_size=48"]
-
-
-def plan_of(overrides: List[str], job_dir: Path, cluster: str = "local") -> JobPlan:
-    config = compose_train(f"cluster={cluster}", *overrides)
-    launcher_cfg = config.hydra.launcher
-    backend = make_backend(launcher_cfg)
-    try:
-        plan = plan_job(
-            launcher_cfg,
-            num=0,
-            name="train-0",
-            job_id="unit-0",
-            overrides=list(overrides),
-            job_dir=str(job_dir),
-            limits=backend.limits,
-            launcher_env=os.environ,
-        )
-        refuse_unrunnable(backend, [plan])
-        return plan
-    finally:
-        backend.close()
 
 
 def test_a_range_is_min_colon_max_and_a_count_is_not_elastic():
@@ -62,7 +37,7 @@ def test_a_range_is_min_colon_max_and_a_count_is_not_elastic():
 
 
 def test_each_world_has_its_own_split_of_the_same_global_batch(tmp_path):
-    plan = plan_of(ELASTIC, tmp_path)
+    plan = planned(ELASTIC, tmp_path)
     assert plan.elastic is not None and plan.elastic.label == "2:3"
     assert (plan.num_nodes, plan.world_size, plan.generation) == (3, 6, 0)
     assert plan.batch is not None and (plan.batch.micro, plan.batch.accumulate) == (8, 1)
@@ -75,7 +50,7 @@ def test_each_world_has_its_own_split_of_the_same_global_batch(tmp_path):
     info = RankInfo.from_env(env)
     assert info.world_generation == 1 and info.elastic_nodes == (2, 3)
     assert RankInfo.from_env({}).elastic_nodes is None  # a fixed job: not elastic
-    assert plan_of(["num_nodes=2"], tmp_path).elastic is None
+    assert planned(["num_nodes=2"], tmp_path).elastic is None
 
 
 REFUSED = [
@@ -89,7 +64,7 @@ REFUSED = [
 @pytest.mark.parametrize("overrides, said", REFUSED, ids=[" ".join(case[0]) + case[1][:20] for case in REFUSED])
 def test_refused_in_one_line_before_anything_starts(overrides, said, tmp_path):
     with pytest.raises(ConfigError) as raised:
-        plan_of(overrides, tmp_path)
+        planned(overrides, tmp_path)
     assert said in str(raised.value) and "\n" not in str(raised.value)
     assert not any(tmp_path.iterdir())
 
@@ -97,7 +72,7 @@ def test_refused_in_one_line_before_anything_starts(overrides, said, tmp_path):
 @pytest.mark.parametrize("cluster", ["slurm", "ray"])
 def test_a_backend_that_does_not_run_elastic_jobs_refuses_them_in_one_line(cluster, tmp_path):
     with pytest.raises(ConfigError) as raised:
-        plan_of(
+        planned(
             [*ELASTIC, "hydra.launcher.address=http://127.0.0.5:8265"] if cluster == "ray" else ELASTIC,
             tmp_path,
             cluster,
@@ -143,7 +118,7 @@ def coordinator_for(plan: JobPlan):
 
 
 def test_the_coordinator_forms_a_smaller_world_once_the_survivors_stopped_their_ranks(tmp_path):
-    plan = plan_of(ELASTIC, tmp_path / "job")
+    plan = planned(ELASTIC, tmp_path / "job")
     attempt = JobDir(tmp_path / "job").attempt("a").create()
     coordinator, released = coordinator_for(plan)
     job, agents = coordinator.start(plan, attempt, 39999, "/")
@@ -173,7 +148,7 @@ def test_the_coordinator_forms_a_smaller_world_once_the_survivors_stopped_their_
 def test_a_rank_failure_with_no_node_lost_fails_the_job_after_the_grace(tmp_path, monkeypatch):
     from mmt.backends.local import elastic
 
-    plan = plan_of(ELASTIC, tmp_path / "job")
+    plan = planned(ELASTIC, tmp_path / "job")
     attempt = JobDir(tmp_path / "job").attempt("a").create()
     coordinator, _ = coordinator_for(plan)
     job, _ = coordinator.start(plan, attempt, 39999, "/")

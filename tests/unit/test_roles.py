@@ -3,19 +3,13 @@ first, every process's rank contract in its role's numbering, the roles' variabl
 before anything starts; and a job without roles exactly as before."""
 
 import json
-import os
-from pathlib import Path
-from typing import List
 
 import pytest
 
-from helpers.config import compose_train
+from helpers.plans import planned
 from mmt.core.errors import ConfigError
-from mmt.launching.prepare import make_backend
-from mmt.launching.submit import refuse_unrunnable
 from mmt.planning import dryrun
 from mmt.planning.environment import Rendezvous, RoleSite, role_process_env, roles_document
-from mmt.planning.plan import JobPlan, plan_job
 
 TRAINER_SCORER = [
     "+roles.trainer.num_nodes=2",
@@ -26,30 +20,9 @@ TRAINER_SCORER = [
 ]
 
 
-def plan_of(overrides: List[str], job_dir: Path, cluster: str = "local") -> JobPlan:
-    config = compose_train(f"cluster={cluster}", *overrides)  # recipe=lm: a batch plan
-    launcher_cfg = config.hydra.launcher
-    backend = make_backend(launcher_cfg)
-    try:
-        plan = plan_job(
-            launcher_cfg,
-            num=0,
-            name="train-0",
-            job_id="unit-0",
-            overrides=list(overrides),
-            job_dir=str(job_dir),
-            limits=backend.limits,
-            launcher_env=os.environ,
-        )
-        refuse_unrunnable(backend, [plan])
-        return plan
-    finally:
-        backend.close()
-
-
 def test_roles_primary_first_each_its_own_world(tmp_path):
     # the scorer is listed first on the command line: the trainer (primary by its name) still comes first
-    plan = plan_of(TRAINER_SCORER[2:] + TRAINER_SCORER[:2], tmp_path)
+    plan = planned(TRAINER_SCORER[2:] + TRAINER_SCORER[:2], tmp_path)
     assert [r.name for r in plan.roles] == ["trainer", "scorer"]
     trainer, scorer = plan.roles
     assert trainer.primary and not scorer.primary and scorer.early_exit == "fail"
@@ -71,7 +44,7 @@ def test_roles_primary_first_each_its_own_world(tmp_path):
 
 
 def test_each_process_gets_its_roles_contract_and_every_roles_address(tmp_path):
-    plan = plan_of(TRAINER_SCORER, tmp_path)
+    plan = planned(TRAINER_SCORER, tmp_path)
     sites = {
         "trainer": RoleSite(Rendezvous("10.0.0.1", 5000, node_addrs=("10.0.0.1", "10.0.0.2")), 5001),
         "scorer": RoleSite(Rendezvous("10.0.0.3", 6000, node_addrs=("10.0.0.3",)), 6001),
@@ -121,21 +94,21 @@ def test_each_process_gets_its_roles_contract_and_every_roles_address(tmp_path):
 
 
 def test_a_job_without_roles_is_planned_as_before(tmp_path):
-    plan = plan_of(["num_nodes=2", "devices=2"], tmp_path)
+    plan = planned(["num_nodes=2", "devices=2"], tmp_path)
     assert plan.roles == () and plan.process_count == 4 and plan.topology == "2 x 2"
     assert plan.log_path(3) == tmp_path / "logs" / "node1.rank3.log"
     assert plan.describe_process(3) == "rank 3 (node 1)"
 
 
 def test_one_role_named_primary_and_a_sweepable_count(tmp_path):
-    plan = plan_of(
+    plan = planned(
         ["+roles.evaluator.num_nodes=1", "+roles.learner.primary=true", "+roles.learner.num_nodes=4"], tmp_path
     )
     assert [(r.name, r.num_nodes, r.primary) for r in plan.roles] == [("learner", 4, True), ("evaluator", 1, False)]
 
 
 def test_dry_run_shows_each_roles_nodes_command_and_environment(tmp_path):
-    plan = plan_of([*TRAINER_SCORER, "+roles.scorer.env.SCORER_TOKEN=hunter2"], tmp_path)
+    plan = planned([*TRAINER_SCORER, "+roles.scorer.env.SCORER_TOKEN=hunter2"], tmp_path)
     text = dryrun.render(plan, [])
     assert "topology   trainer 2 x 2 + scorer 1 x 1 = 3 nodes, 5 ranks" in text
     assert "role trainer (primary: the job ends when it ends): 2 nodes x 2 devices = 4 ranks on cpu: 4 vCPU" in text
@@ -164,7 +137,7 @@ REFUSED = [
 @pytest.mark.parametrize("overrides, message", REFUSED, ids=[" ".join(c[0]) for c in REFUSED])
 def test_refused_in_one_line(overrides, message, tmp_path):
     with pytest.raises(ConfigError) as raised:
-        plan_of(overrides, tmp_path)
+        planned(overrides, tmp_path)
     assert message in str(raised.value)
     assert "\n" not in str(raised.value)
     assert not tmp_path.exists() or not any(tmp_path.iterdir())  # nothing written
@@ -177,7 +150,7 @@ def test_a_backend_without_roles_refuses_them(tmp_path):
     class Elsewhere:  # what roles_problems reads of a backend
         name, runs_roles = "elsewhere", False
 
-    plan = plan_of(TRAINER_SCORER, tmp_path)
+    plan = planned(TRAINER_SCORER, tmp_path)
     (problem,) = roles_problems(Elsewhere(), plan)  # type: ignore[arg-type]
     assert str(problem).startswith("Invalid roles='trainer, scorer': cluster=elsewhere does not run a job with roles")
     Elsewhere.runs_roles = True
@@ -185,7 +158,7 @@ def test_a_backend_without_roles_refuses_them(tmp_path):
 
 
 def test_a_role_may_have_its_own_machine_composed_into_it(tmp_path):
-    plan = plan_of([*TRAINER_SCORER, "+machine@roles.scorer.machine=cpu_small"], tmp_path)
+    plan = planned([*TRAINER_SCORER, "+machine@roles.scorer.machine=cpu_small"], tmp_path)
     trainer, scorer = plan.roles
     assert (trainer.machine.name, scorer.machine.name, plan.machine.name) == ("cpu", "cpu_small", "cpu")
     hours = plan.timeout_s / 3600
@@ -193,7 +166,7 @@ def test_a_role_may_have_its_own_machine_composed_into_it(tmp_path):
     assert plan.cost_estimate() == pytest.approx(expected)
     assert "(trainer 2 x $0.19/h + scorer 1 x $0.08/h)" in dryrun.render(plan, [])
     with pytest.raises(ConfigError, match=r"Invalid roles.scorer.machine='cpu_small': expected a machine catalogue"):
-        plan_of([*TRAINER_SCORER, "+roles.scorer.machine=cpu_small"], tmp_path)
+        planned([*TRAINER_SCORER, "+roles.scorer.machine=cpu_small"], tmp_path)
 
 
 def test_on_slurm_one_heterogeneous_job_a_component_per_role(tmp_path):
@@ -203,7 +176,7 @@ def test_on_slurm_one_heterogeneous_job_a_component_per_role(tmp_path):
     from mmt.backends.slurm.sbatch import SlurmSettings, render_script
     from mmt.core.jobdir import JobDir
 
-    plan = plan_of([*TRAINER_SCORER, "+machine@roles.scorer.machine=cpu_small"], tmp_path, cluster="slurm")
+    plan = planned([*TRAINER_SCORER, "+machine@roles.scorer.machine=cpu_small"], tmp_path, cluster="slurm")
     settings = SlurmSettings.for_watching()
     script = render_script(plan, settings, str(tmp_path), "mmt-x", JobDir(tmp_path).attempt("a"))
     header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
@@ -222,7 +195,7 @@ def test_on_slurm_one_heterogeneous_job_a_component_per_role(tmp_path):
         assert "--kill-on-bad-exit=1" in component and "%j" not in component and '"$SLURM_JOB_ID"' in component
         assert component.endswith(f"-u -m mmt.backends.slurm.task {JobDir(tmp_path).attempt('a').cluster_task}")
     with pytest.raises(ConfigError, match=r"Invalid hydra.launcher.tasks='per_rank': a job with roles"):
-        plan_of([*TRAINER_SCORER, "hydra.launcher.tasks=per_rank"], tmp_path, cluster="slurm")
+        planned([*TRAINER_SCORER, "hydra.launcher.tasks=per_rank"], tmp_path, cluster="slurm")
 
 
 def test_each_role_may_have_its_own_image_on_slurm_each_component_enters_its_own(tmp_path):
@@ -236,7 +209,7 @@ def test_each_role_may_have_its_own_image_on_slurm_each_component_enters_its_own
     from mmt.core.jobdir import JobDir
 
     overrides = [*TRAINER_SCORER, "image=nvcr.io/nvidia/pytorch:24.05-py3", "+roles.scorer.image=vllm/vllm:0.6"]
-    plan = plan_of(overrides, tmp_path, cluster="slurm")
+    plan = planned(overrides, tmp_path, cluster="slurm")
     assert [role.image for role in plan.roles] == ["nvcr.io/nvidia/pytorch:24.05-py3", "vllm/vllm:0.6"]
     assert plan.images == ("nvcr.io/nvidia/pytorch:24.05-py3", "vllm/vllm:0.6")
     assert "    image vllm/vllm:0.6" in dryrun.render(plan, [])
@@ -254,21 +227,21 @@ def test_each_role_may_have_its_own_image_on_slurm_each_component_enters_its_own
     assert " nvcr.io/nvidia/pytorch:24.05-py3 python3 -u -m mmt" in first and "apptainer exec" in first
     assert " vllm/vllm:0.6 python3 -u -m mmt" in second and "--container-image" not in srun
     # a role in this environment: no container for its component, this interpreter
-    plan = plan_of([*overrides[:-1], "+roles.scorer.image=null"], tmp_path, cluster="slurm")
+    plan = planned([*overrides[:-1], "+roles.scorer.image=null"], tmp_path, cluster="slurm")
     assert [role.image for role in plan.roles] == ["nvcr.io/nvidia/pytorch:24.05-py3", None]
     script = render_script(plan, SlurmSettings.for_watching(), str(tmp_path), "mmt-x", JobDir(tmp_path).attempt("a"))
     (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
     first, second = srun[len("srun ") :].split(" : ")
     assert "--container-image" in first and "--container-image" not in second and sys.executable in second
     with pytest.raises(ConfigError) as raised:
-        plan_of([*overrides, "hydra.launcher.container_runtime=oci"], tmp_path, cluster="slurm")
+        planned([*overrides, "hydra.launcher.container_runtime=oci"], tmp_path, cluster="slurm")
     assert str(raised.value).startswith("Invalid roles.trainer.image='nvcr.io/nvidia/pytorch:24.05-py3': a job with")
     assert "\n" not in str(raised.value)
 
 
 def test_ray_refuses_a_roles_image_naming_it(tmp_path):
     with pytest.raises(ConfigError) as raised:
-        plan_of([*TRAINER_SCORER, "+roles.scorer.image=vllm/vllm:0.6"], tmp_path, cluster="ray")
+        planned([*TRAINER_SCORER, "+roles.scorer.image=vllm/vllm:0.6"], tmp_path, cluster="ray")
     assert str(raised.value).startswith("Invalid roles.scorer.image='vllm/vllm:0.6': cluster=ray runs every node")
 
 
@@ -291,7 +264,7 @@ def test_a_job_with_roles_succeeded_when_its_primary_did_and_the_rest_ended_or_w
     from mmt.records.outcome import all_succeeded
     from mmt.records.schema import ExitRecord
 
-    plan = plan_of(TRAINER_SCORER, tmp_path / "job")
+    plan = planned(TRAINER_SCORER, tmp_path / "job")
     attempt = Attempt(tmp_path / "attempt")
     attempt.dir.mkdir(parents=True)
     for index in range(4):

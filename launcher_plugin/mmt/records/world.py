@@ -11,9 +11,7 @@
 """
 
 import json
-import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from mmt.core.jobdir import Attempt, JobDir, read_json, write_atomic
@@ -132,16 +130,3 @@ def read_changes(job_dir: JobDir) -> List[WorldChange]:
         if change is not None:
             found.append(change)
     return found
-
-
-def first_step_after(path: Path, since: float) -> Optional[float]:
-    """When a heartbeat file (touched at every training step) was first seen touched after ``since``, else None."""
-    try:
-        touched = path.stat().st_mtime
-    except FileNotFoundError:
-        return None
-    return touched if touched >= since else None
-
-
-def now() -> float:
-    return time.time()

@@ -9,9 +9,7 @@ This module keeps the queue, the time limits and the GPUs, and turns what the ag
 
 import json
 import os
-import pickle
 import select
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -22,13 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmt.agent import containers
 from mmt.agent.client import AgentClient, AgentGone
-from mmt.agent.node import NodeRun, role_watch
+from mmt.agent.node import role_watch
 from mmt.agent.processes import ProcessSpec
 from mmt.agent.server import StartJob
 from mmt.backends import registry
 from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission
 from mmt.backends.dependencies import dependency_state, why_cancelled
-from mmt.backends.local import images, records
+from mmt.backends.local import agents, images, records
 from mmt.backends.local.elastic import ElasticCoordinator, ElasticJob
 from mmt.backends.local.host import PortReservations, cpu_cores, visible_gpus
 from mmt.backends.local.watch import LocalWatcher
@@ -579,40 +577,25 @@ class LocalBackend(Backend[LocalJob]):
         plan, attempt = job.plan, job.attempt
         specs, in_images = [], []
         for node, own in enumerate(self._node_plans(plan)):
-            run = NodeRun(
-                job_id=plan.job_id,
-                node_rank=node,
-                job_dir=plan.job_dir,
-                attempt_dir=str(attempt.dir),
+            path = attempt.node_run(node)
+            agents.write_node_run(
+                path,
+                plan,
+                attempt,
+                node,
+                [spec for spec in ranks if spec.node_rank == node],
                 kill_grace_s=self.settings.kill_grace_s,
-                preload=own.preload,
                 method=self.settings.start_method,
-                processes=tuple(spec for spec in ranks if spec.node_rank == node),
-                metrics_interval_s=plan.metrics_interval_s,
-                hang_plan=plan if plan.hang_timeout_s else None,
+                preload=own.preload,
                 role_watch=role_watch(plan, node),
             )
-            write_atomic(attempt.node_run(node), pickle.dumps(run), private=True)
-            argv: Tuple[str, ...] = (sys.executable, "-u", "-m", "mmt.agent.node", str(attempt.node_run(node)))
+            argv = agents.here("mmt.agent.node", path)
             if own.image is not None and own.command is None:
                 name = images.container_name(plan.job_id, attempt.id, node, job.submission.restart)
-                container = images.node_agent_container(
-                    own, self.settings.containers, name, node, cwd, str(attempt.node_run(node))
-                )
+                container = images.node_agent_container(own, self.settings.containers, name, node, cwd, str(path))
                 in_images.append(container)
                 argv = container.run_argv
-            specs.append(
-                ProcessSpec(
-                    job_id=plan.job_id,
-                    index=node,
-                    node_rank=node,
-                    attempt_dir=str(attempt.dir),
-                    env={},
-                    cwd=cwd,
-                    log=str(attempt.agent_log(node)),
-                    argv=argv,
-                )
-            )
+            specs.append(agents.agent_process(plan, attempt, node, argv, cwd))
         return specs, in_images
 
     def _host_env(

@@ -13,16 +13,14 @@ coordinator decides the job's world (``mmt.records.world``).
   the new world's first training step (its rank 0's first heartbeat).
 """
 
-import pickle
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Set, Tuple
 
-from mmt.agent.node import NodeRun
 from mmt.agent.processes import ProcessSpec
-from mmt.core.jobdir import Attempt, write_atomic
+from mmt.backends.local import agents
+from mmt.core.jobdir import Attempt
 from mmt.planning.environment import Rendezvous
 from mmt.planning.plan import JobPlan
 from mmt.records.world import FORMING, RUNNING, World, WorldChange, ended_code, record_change
@@ -84,23 +82,12 @@ class ElasticCoordinator:
         )
         ranks = self.rank_specs(plan, self._rendezvous(plan, port))
         job.running.write(attempt)
-        agents = []
+        processes = []
         for slot in slots:
             path = attempt.node_run(slot)
             self._write_node_run(path, plan, attempt, slot, [spec for spec in ranks if spec.node_rank == slot])
-            agents.append(
-                ProcessSpec(
-                    job_id=plan.job_id,
-                    index=slot,
-                    node_rank=slot,
-                    attempt_dir=str(attempt.dir),
-                    env={},
-                    cwd=cwd,
-                    log=str(attempt.agent_log(slot)),
-                    argv=(sys.executable, "-u", "-m", "mmt.agent.elastic", str(path)),
-                )
-            )
-        return job, agents
+            processes.append(agents.agent_process(plan, attempt, slot, agents.here("mmt.agent.elastic", path), cwd))
+        return job, processes
 
     def node_lost(self, job: ElasticJob, slot: int) -> Optional[str]:
         """Node ``slot``'s agent died: form the world again without it; the job's failure when too few are left."""
@@ -198,16 +185,13 @@ class ElasticCoordinator:
     def _write_node_run(
         self, path: Path, plan: JobPlan, attempt: Attempt, node_rank: int, processes: Sequence[ProcessSpec]
     ) -> None:
-        run = NodeRun(
-            job_id=plan.job_id,
-            node_rank=node_rank,
-            job_dir=plan.job_dir,
-            attempt_dir=str(attempt.dir),
+        agents.write_node_run(
+            path,
+            plan,
+            attempt,
+            node_rank,
+            processes,
             kill_grace_s=self.kill_grace_s,
-            preload=plan.preload,
             method=self.start_method,
-            processes=tuple(processes),
-            metrics_interval_s=plan.metrics_interval_s,
-            hang_plan=plan if plan.hang_timeout_s is not None else None,
+            preload=plan.preload,
         )
-        write_atomic(path, pickle.dumps(run), private=True)
