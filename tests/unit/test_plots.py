@@ -211,3 +211,16 @@ def test_odd_records_and_files_are_skipped_not_fatal(tmp_path):
     assert {"(unset)", "inf", "2"} <= {t.get_text() for t in ax.get_xticklabels()}
     assert [c.patches[0].get_height() for c in ax.containers] == [6.0]
     assert {"UNKNOWN", "no metric"} <= {t.get_text() for t in ax.texts}  # why each job has no value
+
+
+def test_a_sweep_dir_removed_while_its_plot_is_drawn_is_not_reported(tmp_path, monkeypatch):
+    """A test's tmp dir (or a sweep dir the user removed) gone before the drawing is written: no file, no error, as
+    for a sweep dir with nothing to plot. (A write that fails in a sweep dir still there is reported: test_hardening.)"""
+    import shutil
+
+    from mmt.monitor import plots
+
+    sweep = _sweep(tmp_path)
+    drawn = plots._draw
+    monkeypatch.setattr(plots, "_draw", lambda *args: (drawn(*args), shutil.rmtree(sweep))[0])
+    assert write_sweep_plot(sweep) is None and not sweep.exists()
