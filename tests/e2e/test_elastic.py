@@ -113,6 +113,49 @@ def test_a_lost_node_costs_that_node_the_survivors_form_a_smaller_world_and_fini
     assert "world 1       lost node 2: 3 -> 2 nodes, 6 -> 4 ranks; training again" in inspected.stdout, inspected
 
 
+def test_a_restored_node_joins_after_the_next_checkpoint_and_the_world_grows_back(tmp_path, tag):
+    """Node 2 lost at step 24, restored a second later (its agent started again, as a spare): once it is ready, the
+    world of 2 grows back to 3 right after its next checkpoint, and the job completes on 6 ranks."""
+    launcher = launch(tmp_path, tag, "recipe.max_steps=90", "hydra.launcher.restore_lost_nodes_after_s=1")
+    job = tmp_path / "0"
+    wait_until(lambda: last_step(job) >= 24, 240, "step 24 (after the step-20 checkpoint)")
+    attempt = attempt_of(job)
+    survivors = {slot: agent_pid(attempt, slot) for slot in (0, 1)}
+    lost = agent_pid(attempt, 2)
+    os.kill(lost, signal.SIGKILL)
+    grown = wait_until(
+        lambda: next((c for c in world_changes(job) if c["joined"] and c.get("training_at")), None),
+        240,
+        "training in the grown world",
+    )
+    restored = agent_pid(attempt, 2)
+    assert restored != lost
+    # the survivors stayed through both changes; the restored agent forked its ranks of the new world itself
+    for slot, pid in survivors.items():
+        assert agent_pid(attempt, slot) == pid
+    assert len(forked_since(restored, grown["formed_at"] - 1.0)) == 2
+    # it joined after it was ready, at a checkpoint the smaller world wrote after that
+    ready = (attempt / "world.ready.2").stat().st_mtime
+    assert grown["at"] >= ready
+    out, _ = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, out
+    (result,) = results(tmp_path)
+    value = result["return_value"]
+    assert result["status"] == "COMPLETED" and value["steps"] == 90 and value["world_size"] == 6
+    assert value["global_batch_size"] == 48 and (value["micro_batch_size"], value["grad_accum"]) == (8, 1)
+    assert value["weights_in_sync"] is True and len(value["weight_digests"]) == 6
+    assert len(set(value["weight_digests"])) == 1
+    shrunk, grown = result["world_changes"]
+    assert (shrunk["lost"], shrunk["joined"], shrunk["world_after"]) == ([2], [], 4)
+    assert (grown["generation"], grown["lost"], grown["joined"]) == (2, [], [2])
+    assert (grown["nodes_before"], grown["nodes_after"], grown["world_before"], grown["world_after"]) == (2, 3, 4, 6)
+    assert grown["batch_before"].startswith("global 48 = 4 ranks x micro 12")
+    assert grown["batch_after"].startswith("global 48 = 6 ranks x micro 8")
+    assert "node 2 restored: it joins the world after the next checkpoint" in out
+    assert "world 2: node 2 joined: 2 -> 3 nodes, 4 -> 6 ranks" in out
+    assert "COMPLETED  3 -> 2 -> 3 x 2" in out
+
+
 def lose_nodes_2_then_1(job: Path) -> None:
     """Once training runs, node 2 is lost, and node 1 once the world formed without it: 1 node of 2:3 left."""
     wait_until(lambda: last_step(job) >= 2, 240, "training")
@@ -190,6 +233,10 @@ def test_the_dry_run_shows_each_worlds_batch_and_bad_ranges_are_one_line(tmp_pat
         (("num_nodes=3:2",), "Invalid num_nodes='3:2': an elastic range needs 1 <= MIN < MAX"),
         (("num_nodes=2:3", "devices=2"), "Invalid batch.global_size=64: an elastic job (num_nodes=2:3, devices=2)"),
         ((*ELASTIC_LM, "cluster=slurm"), "Invalid num_nodes='2:3': cluster=slurm does not run an elastic job"),
+        (
+            (*ELASTIC_LM, "hydra.launcher.restore_lost_nodes_after_s=-1"),
+            "Invalid hydra.launcher.restore_lost_nodes_after_s=-1.0: expected a number > 0",
+        ),
     ):
         bad = subprocess.run(
             [sys.executable, str(REPO / "train.py"), "-m", *overrides, f"hydra.sweep.dir={tmp_path / 'bad'}"],

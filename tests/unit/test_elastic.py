@@ -2,6 +2,7 @@
 global batch), the variables every rank gets, the world records, and the local coordinator's decisions (which world
 forms, when it runs, when the job fails) driven by the files its node agents would write."""
 
+import os
 import pickle
 import time
 from typing import List
@@ -17,7 +18,16 @@ from mmt.planning.elastic import node_range
 from mmt.planning.environment import Rendezvous
 from mmt.planning.plan import JobPlan
 from mmt.records.schema import ResultRecord
-from mmt.records.world import FORMING, RUNNING, World, WorldChange, mark_ended, read_changes, record_change
+from mmt.records.world import (
+    FORMING,
+    RUNNING,
+    World,
+    WorldChange,
+    mark_ended,
+    mark_ready,
+    read_changes,
+    record_change,
+)
 
 ELASTIC = ["num_nodes=2:3", "devices=2", "batch.global_size=48"]
 
@@ -93,7 +103,7 @@ def test_a_change_is_recorded_once_per_world_and_read_back_into_the_result(tmp_p
     assert result.to_dict()["world_changes"][0]["to_training_s"] == 2.5
 
 
-def coordinator_for(plan: JobPlan):
+def coordinator_for(plan: JobPlan, restore_after_s=None):
     from mmt.agent.processes import ProcessSpec
     from mmt.backends.local.elastic import ElasticCoordinator
 
@@ -113,6 +123,7 @@ def coordinator_for(plan: JobPlan):
         rank_specs=rank_specs,
         reserve_port=lambda: next(ports),
         release_port=released.append,
+        restore_after_s=restore_after_s,
     )
     return coordinator, released
 
@@ -157,3 +168,83 @@ def test_a_rank_failure_with_no_node_lost_fails_the_job_after_the_grace(tmp_path
     assert coordinator.tick(job) is None  # a lost node may still be reported
     time.sleep(0.3)
     assert coordinator.tick(job) == "a rank failed on node 1 with no node lost"
+
+
+def lose_node_2(coordinator, job, attempt) -> None:
+    """Node 2 lost; the survivors stop their ranks; world 1 (nodes 0, 1) runs."""
+    assert coordinator.node_lost(job, 2) is None
+    for slot in (0, 1):
+        mark_ended(attempt, slot, 0, -15)
+    coordinator.tick(job)
+    assert World.read(attempt) == World(1, (0, 1), RUNNING)
+
+
+def checkpointed(attempt, at: float) -> None:
+    attempt.checkpoint_mark.touch()
+    os.utime(attempt.checkpoint_mark, (at, at))
+
+
+def test_a_restored_node_joins_the_world_right_after_the_next_checkpoint(tmp_path):
+    plan = planned(ELASTIC, tmp_path / "job")
+    attempt = JobDir(tmp_path / "job").attempt("a").create()
+    coordinator, _ = coordinator_for(plan, restore_after_s=0.0)
+    job, first = coordinator.start(plan, attempt, 39999, "/")
+    assert all("MMT_CHECKPOINT_MARK" not in agent.env for agent in first)  # (the ranks' env is in their run files)
+    lose_node_2(coordinator, job, attempt)
+    (spare,) = coordinator.restore_due(job)  # node 2's agent again, as a spare with no ranks
+    assert spare.index == 2 and spare.argv[-1] == "--spare" and coordinator.restore_due(job) == []
+    with open(attempt.node_run(2), "rb") as handle:
+        assert pickle.load(handle).processes == ()
+    coordinator.tick(job)
+    assert World.read(attempt).generation == 1, "not ready: no change"
+    mark_ready(attempt, 2)
+    ready = attempt.world_ready(2).stat().st_mtime
+    checkpointed(attempt, ready - 5)  # a checkpoint from before it was ready: it waits for the next one
+    coordinator.tick(job)
+    assert World.read(attempt).generation == 1
+    checkpointed(attempt, ready + 1)
+    coordinator.tick(job)
+    assert World.read(attempt) == World(2, (0, 1, 2), FORMING)
+    for slot in (0, 1):
+        mark_ended(attempt, slot, 1, -15)
+    coordinator.tick(job)
+    assert World.read(attempt) == World(2, (0, 1, 2), RUNNING) and job.alive == {0, 1, 2} and not job.spares
+    with open(attempt.elastic_node_run(2, 2), "rb") as handle:
+        run = pickle.load(handle)
+    assert run.node_rank == 2 and [spec.index for spec in run.processes] == [4, 5]
+    assert run.processes[0].env["MMT_CHECKPOINT_MARK"] == str(attempt.checkpoint_mark)
+    assert job.plan.world_size == 6 and job.plan.batch.describe().startswith("global 48 = 6 ranks x micro 8")
+    lost, grown = read_changes(attempt.job_dir)
+    assert (grown.generation, grown.lost, grown.joined) == (2, (), (2,))
+    assert (grown.nodes_before, grown.nodes_after, grown.world_before, grown.world_after) == (2, 3, 4, 6)
+    assert grown.describe().startswith("world 2: node 2 joined: 2 -> 3 nodes, 4 -> 6 ranks")
+
+
+def test_a_ready_spare_joins_at_the_next_loss_and_one_that_dies_is_not_restored_again(tmp_path):
+    plan = planned(ELASTIC, tmp_path / "job")
+    attempt = JobDir(tmp_path / "job").attempt("a").create()
+    coordinator, _ = coordinator_for(plan, restore_after_s=0.0)
+    job, _ = coordinator.start(plan, attempt, 39999, "/")
+    lose_node_2(coordinator, job, attempt)
+    coordinator.restore_due(job)
+    mark_ready(attempt, 2)
+    # node 1 lost before any checkpoint: the world forms with node 0 and the ready spare, never below MIN
+    assert coordinator.node_lost(job, 1) is None
+    assert World.read(attempt) == World(2, (0, 2), FORMING)
+    (_, change) = read_changes(attempt.job_dir)
+    assert (change.lost, change.joined, change.world_after) == ((1,), (2,), 4)
+    mark_ended(attempt, 0, 1, -15)
+    coordinator.tick(job)
+    assert World.read(attempt) == World(2, (0, 2), RUNNING)
+    (spare,) = coordinator.restore_due(job)  # node 1 back as a spare; it dies before it joins
+    assert spare.index == 1 and coordinator.node_lost(job, 1) is None
+    assert World.read(attempt).generation == 2 and coordinator.restore_due(job) == [] and job.given_up == {1}
+
+
+def test_without_restore_a_lost_node_stays_lost(tmp_path):
+    plan = planned(ELASTIC, tmp_path / "job")
+    attempt = JobDir(tmp_path / "job").attempt("a").create()
+    coordinator, _ = coordinator_for(plan)
+    job, _ = coordinator.start(plan, attempt, 39999, "/")
+    lose_node_2(coordinator, job, attempt)
+    assert coordinator.restore_due(job) == [] and not job.lost_at

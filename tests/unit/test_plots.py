@@ -215,7 +215,7 @@ def test_odd_records_and_files_are_skipped_not_fatal(tmp_path):
 
 def test_a_sweep_dir_removed_while_its_plot_is_drawn_is_not_reported(tmp_path, monkeypatch):
     """A test's tmp dir (or a sweep dir the user removed) gone before the drawing is written: no file, no error, as
-    for a sweep dir with nothing to plot. (A write that fails in a sweep dir still there is reported: test_hardening.)"""
+    for a sweep dir with nothing to plot (a write that fails in a sweep dir still there is reported: test_hardening)."""
     import shutil
 
     from mmt.monitor import plots

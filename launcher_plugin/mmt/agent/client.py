@@ -16,6 +16,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from mmt.agent import protocol
+from mmt.agent.processes import ProcessSpec
 from mmt.agent.server import StartJob
 
 
@@ -37,6 +38,10 @@ class AgentClient:
 
     def start(self, job: StartJob) -> None:
         protocol.send(self.sock, {"op": "start", "job": job})
+
+    def add(self, job_id: str, process: ProcessSpec) -> None:
+        """Start one more process of a running job (an elastic job's restored node agent)."""
+        protocol.send(self.sock, {"op": "add", "job_id": job_id, "process": process})
 
     def stop(self, job_id: str) -> None:
         try:

@@ -1,10 +1,12 @@
 """The node agent of an elastic job (``num_nodes=MIN:MAX``): one interpreter runs the node's ranks world after world.
 
 A lost node costs that node, not the job. The agent watches the job's world (``mmt.records.world``): when its
-coordinator decides a new one (a node lost, or one joined), the agent stops its ranks, says they are gone, and once
-the new world runs, forks its ranks of that world from the same warm interpreter, with the new rank contract (a new
-``MASTER_PORT``, ``MMT_WORLD_GENERATION`` one higher, the batch split for the new world): no new submission, no
-second ``import torch``, the same agent PID. The ranks resume from their last checkpoint.
+coordinator decides a new one (a node lost, or a restored one joining), the agent stops its ranks, says they are
+gone, and once the new world runs, forks its ranks of that world from the same warm interpreter, with the new rank
+contract (a new ``MASTER_PORT``, ``MMT_WORLD_GENERATION`` one higher, the batch split for the new world): no new
+submission, no second ``import torch``, the same agent PID. The ranks resume from their last checkpoint. A restored
+node's agent starts as a spare (``--spare``): it imports the preload, says it is ready, and waits for a world that
+has it.
 
 When its ranks fail with no new world decided (a rank that raised, not a lost peer), the agent waits: the
 coordinator, which sees which nodes are gone, either forms a new world or stops the job (SIGTERM), and the agent
@@ -19,17 +21,25 @@ from typing import Optional
 from mmt.agent.node import NodeAgent, NodeRun
 from mmt.core.jobdir import Attempt
 from mmt.records.payload import open_private
-from mmt.records.world import RUNNING, World, mark_ended
+from mmt.records.world import RUNNING, World, mark_ended, mark_ready
 
 # how often an agent looks at the world file while its ranks run, and while it waits for the next world
 _LOOK_S = 0.05
 
 
-def run_elastic(first: NodeRun, slot: int) -> int:
-    """Run node ``slot``'s ranks of every world it is part of; the code of the last run (0: training is over)."""
+def run_elastic(first: NodeRun, slot: int, spare: bool = False) -> int:
+    """Run node ``slot``'s ranks of every world it is part of; the code of the last run (0: training is over).
+    ``spare``: a node restored after it was lost: it imports the preload, says it is ready, and waits for a world
+    that has it (the coordinator adds it at the next re-formation)."""
     agent = NodeAgent(first, slot=slot)
     attempt = agent.attempt
-    node, generation = first, 0
+    node: Optional[NodeRun] = first
+    generation = 0
+    if spare:
+        world = World.read(attempt)
+        generation = world.generation if world is not None else 0
+        mark_ready(attempt, slot)
+        node = None
     looked = {"at": 0.0, "newer": False}
 
     def newer_world() -> bool:
@@ -40,14 +50,16 @@ def run_elastic(first: NodeRun, slot: int) -> int:
             looked["newer"] = world is not None and world.generation > generation
         return bool(looked["newer"])
 
+    code = 0
     while True:
-        looked.update(at=0.0, newer=False)
-        code = agent.run(node, stop_when=newer_world)
-        mark_ended(attempt, slot, generation, code)
-        if agent.terminated or (code == 0 and not newer_world()):
-            break
-        world = _next_world(attempt, generation, agent)
-        if world is None or slot not in world.slots:
+        if node is not None:
+            looked.update(at=0.0, newer=False)
+            code = agent.run(node, stop_when=newer_world)
+            mark_ended(attempt, slot, generation, code)
+            if agent.terminated or (code == 0 and not newer_world()):
+                break
+        world = _next_world(attempt, generation, slot, agent, waiting=node is None)
+        if world is None:
             break
         generation = world.generation
         node = _node_run(attempt, slot, generation)
@@ -55,12 +67,17 @@ def run_elastic(first: NodeRun, slot: int) -> int:
     return code
 
 
-def _next_world(attempt: Attempt, generation: int, agent: NodeAgent) -> Optional[World]:
-    """The first running world after ``generation``; None once the agent is told to stop."""
+def _next_world(attempt: Attempt, generation: int, slot: int, agent: NodeAgent, waiting: bool) -> Optional[World]:
+    """The first running world after ``generation`` that has node ``slot``; None once the agent is told to stop,
+    or when that world leaves it out (unless it is ``waiting`` to join: a spare waits on)."""
     while not agent.terminated:
         world = World.read(attempt)
         if world is not None and world.generation > generation and world.state == RUNNING:
-            return world
+            if slot in world.slots:
+                return world
+            if not waiting:
+                return None
+            generation = world.generation
         time.sleep(_LOOK_S)
     return None
 
@@ -72,15 +89,15 @@ def _node_run(attempt: Attempt, slot: int, generation: int) -> NodeRun:
 
 
 def main() -> None:
-    """``python -m mmt.agent.elastic <node run file>``: node ``slot``'s agent of an elastic job, started with its
-    ranks of the first world (its slot is the node's rank there)."""
+    """``python -m mmt.agent.elastic <node run file> [--spare]``: node ``slot``'s agent of an elastic job, started
+    with its ranks of the first world (its slot is the node's rank there), or, restored, as a spare with none."""
     import os
     import sys
 
-    (path,) = sys.argv[1:]
+    path, *spare = sys.argv[1:]
     with open_private(Path(path)) as handle:  # written by this user's launcher, never by anyone else
         first: NodeRun = pickle.load(handle)
-    code = run_elastic(first, slot=first.node_rank)
+    code = run_elastic(first, slot=first.node_rank, spare=spare == ["--spare"])
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # no interpreter teardown (torch's is tenths of a second)

@@ -3,6 +3,8 @@
 Both ends are this package, run by the same user, and the socket pair is never on disk.
 
     launcher -> agent  {"op": "start", "job": StartJob}   {"op": "stop", "job_id"}   {"op": "kill", "job_id"}
+                       {"op": "add", "job_id", "process": ProcessSpec}   (a process joins a running job: a
+                                                                          restored node of an elastic job)
     agent -> launcher  {"op": "started", "job_id", "index", "pid"}
                        {"op": "exited", "job_id", "index", "code", "stopped"}   (code < 0: killed by -code)
                        {"op": "ended", "job_id"}                                 (every process and leftover gone)

@@ -90,6 +90,8 @@ class HostAgent:
     def handle(self, message: dict) -> None:
         if message["op"] == "start":
             self.start(message["job"])
+        elif message["op"] == "add" and message["job_id"] in self.jobs:
+            self.add(self.jobs[message["job_id"]], message["process"])
         elif message["op"] == "stop" and message["job_id"] in self.jobs:
             self.jobs[message["job_id"]].stop()
         elif message["op"] == "kill" and message["job_id"] in self.jobs:
@@ -116,10 +118,13 @@ class HostAgent:
         self.spawner.preload(request.preload)
         timeline.mark_at(path, timeline.AGENT_READY, node="host")
         for spec in request.processes:
-            pid = self.spawner.start(spec)
-            self.pid_to_job[pid] = request.job_id
-            job.started(spec.index, pid)
-            self.send({"op": "started", "job_id": request.job_id, "index": spec.index, "pid": pid})
+            self.add(job, spec)
+
+    def add(self, job: JobProcesses, spec: ProcessSpec) -> None:
+        pid = self.spawner.start(spec)
+        self.pid_to_job[pid] = job.job_id
+        job.started(spec.index, pid)  # (one added to a job that is stopping is stopped at once)
+        self.send({"op": "started", "job_id": job.job_id, "index": spec.index, "pid": pid})
 
     def reap(self, report: bool = True) -> None:
         for pid, code in proctree.reaped():

@@ -8,6 +8,8 @@ import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
+from mmt.core.rank_env import MMT_CHECKPOINT_MARK
+
 
 class CorruptCheckpointError(RuntimeError):
     """The checkpoint a job would resume from cannot be read."""
@@ -25,6 +27,18 @@ def save_atomic(state: Any, path: Path) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    mark_checkpointed()
+
+
+def mark_checkpointed() -> None:
+    """Tell an elastic job's coordinator a checkpoint was just written (``MMT_CHECKPOINT_MARK``, set in an elastic
+    job only): a node that came back joins the world right after one, so the new world loses no training."""
+    mark = os.environ.get(MMT_CHECKPOINT_MARK)
+    if mark:
+        try:
+            Path(mark).touch()
+        except OSError:  # the attempt dir is gone (the job is stopping): nothing to tell
+            pass
 
 
 def resume_from(path: Path, resume: bool) -> Optional[Path]:

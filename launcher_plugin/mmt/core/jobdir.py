@@ -361,6 +361,16 @@ class Attempt:
         """An elastic job's node agent of node ``slot``: its ranks of world ``generation`` are all gone (their code)."""
         return self.dir / f"world.ended.{slot}.{generation}"
 
+    def world_ready(self, slot: int) -> Path:
+        """An elastic job's node ``slot`` restored after it was lost: its agent is ready to join the next world."""
+        return self.dir / f"world.ready.{slot}"
+
+    @property
+    def checkpoint_mark(self) -> Path:
+        """An elastic job: touched by its ranks after each checkpoint (``MMT_CHECKPOINT_MARK``); a world grows
+        right after one, so a node that joins costs no training."""
+        return self.dir / "checkpointed"
+
     def elastic_node_run(self, slot: int, generation: int) -> Path:
         """An elastic job: what the agent of node ``slot`` runs in world ``generation`` (its ranks, their env)."""
         return self.dir / f"node.{slot}.g{generation}.pkl"

@@ -56,6 +56,8 @@ rank of each world also gets:
 =====================  ================================================================
 MMT_WORLD_GENERATION   how many times the world was formed again (0 first); the same on every rank
 MMT_ELASTIC_NODES      the job's node range, ``MIN:MAX`` (NUM_NODES is this world's count)
+MMT_CHECKPOINT_MARK    a file to touch after each checkpoint is written: a node that comes back joins right
+                       after one (mmt's recipes and ``mmt.lightning.AtomicCheckpointIO`` touch it themselves)
 =====================  ================================================================
 
 A command that starts its own local ranks (per-node mode), and any command run per rank, also gets the
@@ -128,6 +130,7 @@ def role_port_var(role: str) -> str:
 # an elastic job (num_nodes=MIN:MAX): which world this is (0, then one more at each change), and the node range
 MMT_WORLD_GENERATION = "MMT_WORLD_GENERATION"
 MMT_ELASTIC_NODES = "MMT_ELASTIC_NODES"
+MMT_CHECKPOINT_MARK = "MMT_CHECKPOINT_MARK"
 
 # the job's batch plan (only when the recipe states batch.global_size)
 MMT_GLOBAL_BATCH_SIZE = "MMT_GLOBAL_BATCH_SIZE"
@@ -170,6 +173,7 @@ RESERVED = frozenset(
         MMT_GRAD_ACCUM,
         MMT_WORLD_GENERATION,
         MMT_ELASTIC_NODES,
+        MMT_CHECKPOINT_MARK,
         MMT_ROLE,
         MMT_ROLES,
         MMT_ROLES_FILE,

@@ -163,11 +163,14 @@ def _job_row(job: JobReport) -> SummaryRow:
 
 
 def _elastic_shape(nodes: int, devices: int, record: ResultRecord) -> Optional[str]:
-    """An elastic job whose last run's world changed: ``3 -> 2 x 2`` (the nodes it started and ended with)."""
+    """An elastic job whose last run's world changed: ``3 -> 2 x 2``, ``3 -> 2 -> 3 x 2`` (the nodes of each world;
+    after three changes, the first and the last: ``3 -> ... -> 2 x 2``)."""
     changes = [change for change in record.world_changes if change.restart == record.restarts]
     if not changes:
         return None
-    return f"{nodes} -> {changes[-1].nodes_after} x {devices}"
+    worlds = [nodes, *(change.nodes_after for change in changes)]
+    shown = [str(count) for count in worlds] if len(worlds) <= 4 else [str(worlds[0]), "...", str(worlds[-1])]
+    return f"{' -> '.join(shown)} x {devices}"
 
 
 def _not_started_row(refused: NotStarted) -> SummaryRow:

@@ -5,12 +5,16 @@
   new world; every node agent in it stops its ranks and says so (``world.ended.<slot>.<generation>``). ``running``:
   each agent's ranks for it are in ``node.<slot>.g<generation>.pkl``, and the agents start them. Written atomically
   by the coordinator only, read by the node agents.
+* ``<attempt>/world.ready.<slot>``: a node restored after it was lost has its agent up (the preload imported) and
+  waits to join; ``<attempt>/checkpointed``: touched by the ranks after each checkpoint (``MMT_CHECKPOINT_MARK``):
+  the coordinator adds ready nodes right after one.
 * ``<job dir>/world.jsonl`` (:class:`WorldChange`, a line each): what changed, when, the world before and after,
   the batch split before and after, and how long from the loss to training again; ``mmt inspect``, the page and
   ``result.json`` read it.
 """
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -44,6 +48,19 @@ class World:
 def mark_ended(attempt: Attempt, slot: int, generation: int, code: int) -> None:
     """A node agent: its ranks of world ``generation`` are all gone, with this code (0: they all succeeded)."""
     write_atomic(attempt.world_ended(slot, generation), str(code).encode(), private=True)
+
+
+def mark_ready(attempt: Attempt, slot: int) -> None:
+    """A restored node's agent: its preload is imported; it waits to join the next world."""
+    write_atomic(attempt.world_ready(slot), str(os.getpid()).encode(), private=True)
+
+
+def ready_at(attempt: Attempt, slot: int) -> Optional[float]:
+    """When node ``slot``'s restored agent said it is ready (None: not yet)."""
+    try:
+        return attempt.world_ready(slot).stat().st_mtime
+    except FileNotFoundError:
+        return None
 
 
 def ended_code(attempt: Attempt, slot: int, generation: int) -> Optional[int]:

@@ -67,6 +67,8 @@ class LocalSettings:
     max_parallel_jobs: Optional[int] = None
     # how a job with an image runs its nodes (hydra.launcher.container_runtime, container_mounts)
     containers: images.ContainerSettings = images.ContainerSettings()
+    # an elastic job's lost node comes back this long after (hydra.launcher.restore_lost_nodes_after_s); None: never
+    restore_lost_nodes_after_s: Optional[float] = None
 
     @classmethod
     def from_config(cls, cfg: Any) -> "LocalSettings":
@@ -87,7 +89,20 @@ class LocalSettings:
             ),
             max_parallel_jobs=max_parallel_jobs(cfg),
             containers=images.ContainerSettings.from_config(cfg),
+            restore_lost_nodes_after_s=restore_lost_nodes_after_s(cfg),
         )
+
+
+def restore_lost_nodes_after_s(cfg: Any) -> Optional[float]:
+    after = OmegaConf.select(cfg, "restore_lost_nodes_after_s", default=None)
+    if after is None:
+        return None
+    return check.positive_number(
+        "hydra.launcher.restore_lost_nodes_after_s",
+        after,
+        "seconds before an elastic job's lost node comes back, e.g. 5 (null: it stays lost)",
+        maximum=86400,
+    )
 
 
 def max_parallel_jobs(cfg: Any) -> Optional[int]:
@@ -381,6 +396,7 @@ class LocalBackend(Backend[LocalJob]):
                 ],
                 reserve_port=self.ports.reserve,
                 release_port=self.ports.release,
+                restore_after_s=self.settings.restore_lost_nodes_after_s,
             )
             assert job.port is not None
             job.elastic, specs = job.coordinator.start(plan, job.attempt, job.port, cwd, job.submission.restart)
@@ -706,10 +722,23 @@ class LocalBackend(Backend[LocalJob]):
 
     def _elastic_tick(self, job: LocalJob) -> None:
         assert job.elastic is not None and job.coordinator is not None
+        for spare in job.coordinator.restore_due(job.elastic):  # a lost node back, as a spare until it joins
+            if self.agent is not None:
+                self.agent.add(job.plan.job_id, spare)
+                job.running.add(spare.index)
+                self.notices.append(
+                    f"mmt: {job.plan.label} ({job.plan.name}): node {spare.index} restored: it joins the world "
+                    "after the next checkpoint"
+                )
         before = job.elastic.change
         failed = job.coordinator.tick(job.elastic)
         change = job.elastic.change
-        if change is not None and change.training_at is not None and (before is None or before.training_at is None):
+        new = change is not None and (
+            before is None or (before.restart, before.generation) != (change.restart, change.generation)
+        )
+        if change is not None and (
+            new or (change.training_at is not None and (before is None or before.training_at is None))
+        ):
             self.notices.append(f"mmt: {job.plan.label} ({job.plan.name}): {change.describe()}")
         job.port = job.elastic.port  # a new world meets on a port of its own
         if failed is not None:

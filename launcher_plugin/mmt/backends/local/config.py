@@ -24,6 +24,9 @@ class LocalLauncherConf(JobConf):
     max_parallel_ranks: Optional[int] = None
     # address of node 0 (all simulated nodes share this host's loopback)
     master_addr: str = "127.0.0.1"
+    # an elastic job (num_nodes=MIN:MAX): a lost node comes back this many seconds after (its agent started again,
+    # as a restored machine's would be) and joins the world right after its next checkpoint; null: it stays lost
+    restore_lost_nodes_after_s: Optional[float] = None
     # the container CLI that runs each simulated node of a job with an `image` in a container of its own
     container_runtime: LocalContainerRuntime = LocalContainerRuntime.podman
     # bind mounts for the containers: ["/host/path:/container/path", ...]; the job dir and project dir always are
