@@ -37,6 +37,7 @@ from lightning.fabric.strategies import DDPStrategy, FSDPStrategy
 from mmt import RankInfo
 from mmt.core import preemption
 from mmt.core.checkpoints import resume_from
+from mmt.core.stacks import beat
 from mmt.lightning import AtomicCheckpointIO, cluster_environment
 from recipes.corpus import weights_digest
 from recipes.llm_config import LLMConfig, chip
@@ -209,6 +210,7 @@ class _Run:
         self.losses: List[float] = []
         self.tokens, self.seconds, self.wait = 0, 0.0, 0.0
         self.reads = None
+        self.world = RankInfo.from_env().world_generation
         if config.trace_reads:
             (out / "reads").mkdir(parents=True, exist_ok=True)
             self.reads = open(out / "reads" / f"rank{fabric.global_rank}.jsonl", "a")
@@ -246,6 +248,7 @@ class _Run:
             optimizer.step()
             optimizer.zero_grad()
             state["step"] += 1
+            beat()  # progress, for mmt's hang detection (and an elastic world's first step)
             self._record(state, lr, sum(losses) / len(losses), time.perf_counter() - started, wait)
             if config.checkpoint_every and state["step"] % config.checkpoint_every == 0:
                 fabric.save(last, state)
@@ -274,6 +277,8 @@ class _Run:
             from recipes.llm_data import digest
 
             record = {"epoch": state["epoch"], "step": state["step"], "samples": [digest(row) for row in batch]}
+            if self.world:  # an elastic job's later world (MMT_WORLD_GENERATION): its reads told apart
+                record["world"] = self.world
             self.reads.write(json.dumps(record) + "\n")
             self.reads.flush()
 

@@ -4,7 +4,6 @@ PIDs), fork the new world's ranks from their warm interpreters, and the job comp
 nodes it fails naming them; a rank that fails with no node lost fails the job as before. Nothing is left running
 (``tag``)."""
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from typing import List
 import psutil
 
 from helpers.app import app_command, app_env, results
+from helpers.elastic import agent_pid, attempt_of, world_changes
 from helpers.paths import REPO
 from helpers.processes import from_a_terminal, wait_until
 
@@ -40,21 +40,6 @@ def last_step(job: Path) -> int:
     except FileNotFoundError:
         return -1
     return max((int(row.split(",")[1]) for row in rows if row.count(",") >= 3), default=-1)
-
-
-def attempt_of(job: Path) -> Path:
-    return wait_until(lambda: next(iter((job / ".mmt" / "attempts").glob("*/")), None), 60, "the job's attempt dir")
-
-
-def agent_pid(attempt: Path, slot: int) -> int:
-    return int(json.loads((attempt / f"agent.{slot}.json").read_text())["pid"])
-
-
-def world_changes(job: Path) -> List[dict]:
-    try:
-        return [json.loads(line) for line in (job / "world.jsonl").read_text().splitlines() if line.strip()]
-    except FileNotFoundError:
-        return []
 
 
 def forked_since(agent: int, since: float) -> List[psutil.Process]:

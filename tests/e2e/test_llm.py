@@ -17,8 +17,10 @@ from typing import Dict, List
 
 import pytest
 
-from helpers.app import job_dirs, results, run_app
+from helpers.app import app_command, app_env, job_dirs, results, run_app
+from helpers.elastic import lose_node, world_changes
 from helpers.paths import REPO
+from helpers.processes import from_a_terminal, wait_until
 
 PY = sys.executable
 MICRO_BLOCK = 65  # conf/model/micro.yaml: data_block_size
@@ -201,6 +203,56 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights_and_reads(
     straight_reads, resumed_reads = _reads(tmp_path / "straight"), _reads(tmp_path / "requeued")
     assert [r["step"] for r in resumed_reads[0]] == [step for step in range(14) for _ in range(2)]
     assert resumed_reads == straight_reads
+
+
+def _steps_done(job: Path) -> int:
+    try:
+        return len((job / "metrics.csv").read_text().splitlines()) - 1
+    except FileNotFoundError:
+        return 0
+
+
+def test_an_elastic_micro_llm_that_loses_a_node_mid_epoch_reads_every_sample_of_the_epoch_once(cache, tmp_path, tag):
+    """recipe=llm on num_nodes=2:3 x 2, LitData streaming: node 2 lost at step 24 of a 60-step epoch, the world of
+    4 resumes from the step-20 checkpoint. LitData's loader state re-stripes the epoch's rest over the new world: the
+    samples the checkpointed steps read, plus those the new world read, are the epoch's 2880, each once."""
+    launcher = subprocess.Popen(
+        app_command(
+            "recipe=llm", "model=micro", "num_nodes=2:3", "devices=2", "batch.global_size=48",
+            f"recipe.data.cache_dir={cache}", "recipe.epochs=1", "recipe.max_steps=1000",
+            "recipe.checkpoint_every=10", "recipe.trace_reads=true", sweep_dir=tmp_path,
+        ),
+        cwd=REPO, env=app_env(tag), preexec_fn=from_a_terminal, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    job = tmp_path / "0"
+    wait_until(lambda: _steps_done(job) >= 24, 240, "step 24 (after the step-20 checkpoint)")
+    lose_node(job, 2)
+    out, _ = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, out[-3000:]
+    [result] = results(tmp_path)
+    value = result["return_value"]
+    # 2880 samples / 48 per step: the epoch is 60 steps, in either world
+    assert value["epochs_done"] == 1 and value["steps"] == 60 and value["world_size"] == 4
+    assert value["resumed_from_checkpoint"] is True and value["micro_batch_size"] * value["grad_accum"] == 12
+    assert value["weights_in_sync"] and len(set(value["weight_digests"])) == 1
+    [change] = world_changes(job)
+    assert (change["lost"], change["world_before"], change["world_after"]) == ([2], 6, 4)
+    assert change["training_at"] is not None  # the recipe's heartbeat marks the new world's first step
+
+    # the reads: world 0's steps up to the checkpoint the new world resumed from, then the new world's
+    by_world: Dict[int, List[dict]] = {}
+    for records in _reads(job).values():
+        for record in records:
+            by_world.setdefault(record.get("world", 0), []).append(record)
+    resumed_at = min(record["step"] for record in by_world[1])
+    assert resumed_at == 20
+    kept = [record for record in by_world[0] if record["step"] < resumed_at] + by_world[1]
+    read = Counter(sample for record in kept for sample in record["samples"])
+    expected = Counter(_all_samples(_dataset(cache)))
+    assert sum(expected.values()) == 2880 and read == expected
+    # and the lost world read past its checkpoint (what the new world read again: training lost, not data)
+    assert max(record["step"] for record in by_world[0]) >= 24
 
 
 def test_a_sweep_of_four_jobs_runs_the_data_step_once(tmp_path, tag):

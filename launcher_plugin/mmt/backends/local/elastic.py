@@ -27,6 +27,7 @@ from mmt.agent.processes import ProcessSpec
 from mmt.backends.local import agents
 from mmt.core.jobdir import Attempt
 from mmt.core.rank_env import MMT_CHECKPOINT_MARK
+from mmt.core.stacks import HEARTBEAT_VAR
 from mmt.planning.environment import Rendezvous
 from mmt.planning.plan import JobPlan
 from mmt.records.world import FORMING, RUNNING, World, WorldChange, ended_code, ready_at, record_change
@@ -257,9 +258,13 @@ class ElasticCoordinator:
         return marked > max(since)
 
     def _ranks(self, job: ElasticJob, plan: JobPlan, port: int) -> List[ProcessSpec]:
-        """The world's rank specs, each told where to mark its checkpoints."""
+        """The world's rank specs, each told where to mark its checkpoints and, where hangs are not watched, where
+        to beat: rank 0's first beat in a new world is its first training step (the change's ``to_training_s``)."""
         mark = {MMT_CHECKPOINT_MARK: str(job.attempt.checkpoint_mark)}
-        return [replace(spec, env={**spec.env, **mark}) for spec in self.rank_specs(plan, self._rendezvous(plan, port))]
+        return [
+            replace(spec, env={HEARTBEAT_VAR: str(job.attempt.heartbeat_file(spec.index)), **spec.env, **mark})
+            for spec in self.rank_specs(plan, self._rendezvous(plan, port))
+        ]
 
     def _rendezvous(self, plan: JobPlan, port: int) -> Rendezvous:
         # every simulated node is this host: one address for all
