@@ -8,6 +8,11 @@ step, 0.1 s per step) run three ways on this host, the variants alternating in e
                           starts again (3 nodes); node 2's ranks are killed
     (c) torchrun elastic: --nnodes=2:3 with the c10d rendezvous at its defaults (--max-restarts 3), three agents on
                           this host; the third agent and its workers are killed
+    (d) Ray Train elastic: ScalingConfig(num_workers=(4, 6)) on scripts/ray_cluster.sh's cluster of 3 workers with 2
+                          CPUs each (benchmarks/elastic_raytrain.py; FailureConfig(max_failures=3), else Ray Train's
+                          defaults); worker 3 is lost (`ray_cluster.sh fail-node 3`: its raylet and every process of
+                          it SIGKILLed), and revived before the next round. The benchmark starts that cluster and
+                          stops it at the end (`--no-ray` leaves Ray out)
 
 mmt's agents import the probe's modules once per node (``hydra.launcher.preload``: torch.distributed, and
 torch._dynamo, which the optimizer imports on first use). The loss comes once rank 0 has taken ``--kill-at`` steps;
@@ -15,7 +20,7 @@ recovery ends at the first step of a rank 0 that started after it (its pid is no
 variant that takes no step after it within ``--limit`` seconds did not recover; its recovery counts as the limit (a
 ratio against it is then a bound). Goals: mmt elastic <= 0.5x mmt's full restart and <= 0.25x torchrun's.
 
-    python benchmarks/bench_elastic.py [--rounds 3] [--limit 120] [--json figures.json]
+    python benchmarks/bench_elastic.py [--rounds 3] [--limit 120] [--no-ray] [--json figures.json]
 """
 
 import argparse
@@ -162,14 +167,50 @@ def run_torchrun(out: Path, kill_at: int, limit: float) -> Optional[float]:
     return _recovery(out, lost_at)
 
 
+RAY_CLUSTER = REPO / "scripts" / "ray_cluster.sh"
+RAY_ENV = {**os.environ, "MMT_RAY_CPUS": "2", "MMT_RAY_WORKERS": "3"}  # 6 workers of one CPU, 2 per node
+RAY_GCS = "127.0.0.5:6390"  # the script's defaults: head 127.0.0.5, GCS port 6390
+
+
+def _ray_cluster(*command: str) -> None:
+    subprocess.run([str(RAY_CLUSTER), *command], env=RAY_ENV, check=True, capture_output=True, text=True)
+
+
+def run_ray_train(out: Path, kill_at: int, limit: float) -> Optional[float]:
+    if subprocess.run([str(RAY_CLUSTER), "status"], env=RAY_ENV, capture_output=True).returncode != 0:
+        _ray_cluster("revive-node", "3")  # lost in the round before
+    driver = subprocess.Popen(
+        [sys.executable, str(HERE / "elastic_raytrain.py"), str(out)],
+        cwd=HERE,
+        env={**os.environ, "RAY_ADDRESS": RAY_GCS},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    lost_at = None
+    if _wait(lambda: len(_steps(out)) >= kill_at, limit):
+        lost_at = time.time()
+        _ray_cluster("fail-node", "3")  # a machine lost: its raylet and every process on it
+    _finish([driver], limit)
+    return _recovery(out, lost_at)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kill-at", type=int, default=10, help="rank 0's steps before the loss")
     parser.add_argument("--limit", type=float, default=120.0, help="seconds a variant gets to start and to recover")
+    parser.add_argument("--no-ray", action="store_true", help="leave Ray Train's variant out")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    variants = {"mmt_elastic": run_mmt_elastic, "mmt_restart": run_mmt_restart, "torchrun_elastic": run_torchrun}
+    variants: Dict[str, Callable[[Path, int, float], Optional[float]]] = {
+        "mmt_elastic": run_mmt_elastic,
+        "mmt_restart": run_mmt_restart,
+        "torchrun_elastic": run_torchrun,
+    }
+    if not args.no_ray:
+        variants["ray_train_elastic"] = run_ray_train
+        _ray_cluster("restart")
     seconds: Dict[str, List[Optional[float]]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory(prefix="mmt-bench-elastic.") as scratch:
         for round_ in range(args.rounds):
@@ -180,6 +221,8 @@ def main() -> None:
                 seconds[name].append(variants[name](out, args.kill_at, args.limit))
                 worlds = sorted({int(world) for _, _, world, _ in _steps(out)}, reverse=True)
                 print(f"round {round_} {name}: {seconds[name][-1]} (worlds {worlds})", flush=True)
+    if not args.no_ray:
+        _ray_cluster("stop")
     figures: Dict[str, Dict[str, object]] = {}
     for name, values in seconds.items():
         recovered = [v for v in values if v is not None]
@@ -194,9 +237,13 @@ def main() -> None:
         "elastic_vs_restart": round(median["mmt_elastic"] / median["mmt_restart"], 3),
         "elastic_vs_torchrun": round(median["mmt_elastic"] / median["torchrun_elastic"], 3),
     }
+    if "ray_train_elastic" in median:
+        ratios["elastic_vs_ray_train"] = round(median["mmt_elastic"] / median["ray_train_elastic"], 3)
     print(json.dumps(figures, indent=2))
     print(f"mmt elastic / mmt restart: {ratios['elastic_vs_restart']:.2f}x (goal <= 0.5x)")
     print(f"mmt elastic / torchrun --nnodes=2:3: {ratios['elastic_vs_torchrun']:.2f}x (goal <= 0.25x)")
+    if "elastic_vs_ray_train" in ratios:
+        print(f"mmt elastic / Ray Train num_workers=(4, 6): {ratios['elastic_vs_ray_train']:.2f}x")
     if args.json:
         args.json.write_text(json.dumps({**figures, **ratios}, indent=2))
 

@@ -24,7 +24,8 @@ def train(out: str) -> float:
     node = os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or "?"
     (folder / f"pid.{os.getpid()}").write_text(f"{rank} {node}\n")
     began = time.time()
-    dist.init_process_group("gloo")
+    if not dist.is_initialized():  # (Ray Train makes the group itself)
+        dist.init_process_group("gloo")
     world = dist.get_world_size()
     with open(folder / "phases", "a") as notes:
         notes.write(f"{rank} {world} start {began!r} joined {time.time()!r}\n")

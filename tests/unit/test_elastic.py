@@ -19,6 +19,7 @@ from mmt.planning.environment import Rendezvous
 from mmt.planning.plan import JobPlan
 from mmt.records.schema import ResultRecord
 from mmt.records.world import (
+    DONE,
     FORMING,
     RUNNING,
     World,
@@ -248,3 +249,53 @@ def test_without_restore_a_lost_node_stays_lost(tmp_path):
     job, _ = coordinator.start(plan, attempt, 39999, "/")
     lose_node_2(coordinator, job, attempt)
     assert coordinator.restore_due(job) == [] and not job.lost_at
+
+
+def test_a_spare_still_waiting_when_training_ends_is_told_so_and_no_node_comes_back_after(tmp_path):
+    plan = planned(ELASTIC, tmp_path / "job")
+    attempt = JobDir(tmp_path / "job").attempt("a").create()
+    coordinator, _ = coordinator_for(plan, restore_after_s=0.0)
+    job, _ = coordinator.start(plan, attempt, 39999, "/")
+    lose_node_2(coordinator, job, attempt)
+    assert coordinator.restore_due(job)  # a spare, not ready yet
+    coordinator.node_done(job, 0)
+    assert World.read(attempt).state == RUNNING
+    coordinator.node_done(job, 1)
+    assert World.read(attempt) == World(1, (0, 1), DONE)  # the spare's agent exits 0 on it
+
+
+def test_a_node_lost_as_training_ends_is_not_restored_after_it(tmp_path):
+    plan = planned(ELASTIC, tmp_path / "job")
+    attempt = JobDir(tmp_path / "job").attempt("a").create()
+    coordinator, _ = coordinator_for(plan, restore_after_s=3600.0)
+    job, _ = coordinator.start(plan, attempt, 39999, "/")
+    lose_node_2(coordinator, job, attempt)
+    coordinator.node_done(job, 0)
+    coordinator.node_done(job, 1)
+    coordinator.restore_after_s = 0.0
+    assert coordinator.restore_due(job) == [] and World.read(attempt).state == DONE
+
+
+def test_a_spare_agent_says_it_is_ready_and_exits_when_training_is_over(tmp_path):
+    """The real agent (``python -m mmt.agent.elastic <run> --spare``), restored after training ended: it says it is
+    ready, sees the world done, and exits 0 (a spare never blocks the job's end)."""
+    import subprocess
+    import sys
+
+    from mmt.backends.local import agents
+
+    plan = planned(ELASTIC, tmp_path / "job")
+    attempt = JobDir(tmp_path / "job").attempt("a").create()
+    coordinator, _ = coordinator_for(plan, restore_after_s=0.0)
+    job, _ = coordinator.start(plan, attempt, 39999, str(tmp_path))
+    lose_node_2(coordinator, job, attempt)
+    (spare,) = coordinator.restore_due(job)
+    coordinator.node_done(job, 0)
+    coordinator.node_done(job, 1)
+    assert spare.argv is not None and spare.argv[1:3] == ("-u", "-m")
+    done = subprocess.run([sys.executable, *spare.argv[1:]], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (
+        attempt.world_ready(2).exists()
+        and agents.here("mmt.agent.elastic", attempt.node_run(2))[3] == "mmt.agent.elastic"
+    )

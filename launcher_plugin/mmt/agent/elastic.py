@@ -21,7 +21,7 @@ from typing import Optional
 from mmt.agent.node import NodeAgent, NodeRun
 from mmt.core.jobdir import Attempt
 from mmt.records.payload import open_private
-from mmt.records.world import RUNNING, World, mark_ended, mark_ready
+from mmt.records.world import DONE, RUNNING, World, mark_ended, mark_ready
 
 # how often an agent looks at the world file while its ranks run, and while it waits for the next world
 _LOOK_S = 0.05
@@ -69,9 +69,11 @@ def run_elastic(first: NodeRun, slot: int, spare: bool = False) -> int:
 
 def _next_world(attempt: Attempt, generation: int, slot: int, agent: NodeAgent, waiting: bool) -> Optional[World]:
     """The first running world after ``generation`` that has node ``slot``; None once the agent is told to stop,
-    or when that world leaves it out (unless it is ``waiting`` to join: a spare waits on)."""
+    once training is over, or when that world leaves it out (unless it is ``waiting`` to join: a spare waits on)."""
     while not agent.terminated:
         world = World.read(attempt)
+        if world is not None and world.state == DONE:
+            return None
         if world is not None and world.generation > generation and world.state == RUNNING:
             if slot in world.slots:
                 return world

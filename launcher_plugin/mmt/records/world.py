@@ -3,7 +3,8 @@
 * ``<attempt>/world.json`` (:class:`World`): the generation, its nodes (by slot: a node's place when the job started)
   in node-rank order, and its state. ``forming``: the coordinator (the backend that watches the job) has decided a
   new world; every node agent in it stops its ranks and says so (``world.ended.<slot>.<generation>``). ``running``:
-  each agent's ranks for it are in ``node.<slot>.g<generation>.pkl``, and the agents start them. Written atomically
+  each agent's ranks for it are in ``node.<slot>.g<generation>.pkl``, and the agents start them. ``done``: training
+  is over; a restored node still waiting to join exits. Written atomically
   by the coordinator only, read by the node agents.
 * ``<attempt>/world.ready.<slot>``: a node restored after it was lost has its agent up (the preload imported) and
   waits to join; ``<attempt>/checkpointed``: touched by the ranks after each checkpoint (``MMT_CHECKPOINT_MARK``):
@@ -20,7 +21,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from mmt.core.jobdir import Attempt, JobDir, read_json, write_atomic
 
-FORMING, RUNNING = "forming", "running"
+# done: training is over (every node of the last world ended well): a spare still waiting to join exits
+FORMING, RUNNING, DONE = "forming", "running", "done"
 
 
 @dataclass(frozen=True)

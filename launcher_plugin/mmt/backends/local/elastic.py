@@ -30,7 +30,7 @@ from mmt.core.rank_env import MMT_CHECKPOINT_MARK
 from mmt.core.stacks import HEARTBEAT_VAR
 from mmt.planning.environment import Rendezvous
 from mmt.planning.plan import JobPlan
-from mmt.records.world import FORMING, RUNNING, World, WorldChange, ended_code, ready_at, record_change
+from mmt.records.world import DONE, FORMING, RUNNING, World, WorldChange, ended_code, ready_at, record_change
 
 # a rank failure with no lost node is the job's failure once this long has passed without one: a lost node's peers
 # may fail in their collective a moment before the host agent reports the lost node's agent gone
@@ -155,6 +155,9 @@ class ElasticCoordinator:
         if job.forming is not None and slot in job.forming.slots:
             job.forming = replace(job.forming, slots=tuple(s for s in job.forming.slots if s != slot))
             job.forming.write(job.attempt)
+        if not job.alive:  # training is over: a spare waiting to join goes, and no lost node comes back
+            replace(job.world, state=DONE).write(job.attempt)
+            job.lost_at.clear()
 
     def tick(self, job: ElasticJob) -> Optional[str]:
         """Move the job's world on: start a world that has formed, note the first training step after a change;
