@@ -282,8 +282,6 @@ def test_a_spare_agent_says_it_is_ready_and_exits_when_training_is_over(tmp_path
     import subprocess
     import sys
 
-    from mmt.backends.local import agents
-
     plan = planned(ELASTIC, tmp_path / "job")
     attempt = JobDir(tmp_path / "job").attempt("a").create()
     coordinator, _ = coordinator_for(plan, restore_after_s=0.0)
@@ -295,7 +293,4 @@ def test_a_spare_agent_says_it_is_ready_and_exits_when_training_is_over(tmp_path
     assert spare.argv is not None and spare.argv[1:3] == ("-u", "-m")
     done = subprocess.run([sys.executable, *spare.argv[1:]], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert (
-        attempt.world_ready(2).exists()
-        and agents.here("mmt.agent.elastic", attempt.node_run(2))[3] == "mmt.agent.elastic"
-    )
+    assert attempt.world_ready(2).exists()
