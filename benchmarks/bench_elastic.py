@@ -11,8 +11,8 @@ step, 0.1 s per step) run three ways on this host, the variants alternating in e
     (d) Ray Train elastic: ScalingConfig(num_workers=(4, 6)) on scripts/ray_cluster.sh's cluster of 3 workers with 2
                           CPUs each (benchmarks/elastic_raytrain.py; FailureConfig(max_failures=3), else Ray Train's
                           defaults); worker 3 is lost (`ray_cluster.sh fail-node 3`: its raylet and every process of
-                          it SIGKILLed), and revived before the next round. The benchmark starts that cluster and
-                          stops it at the end (`--no-ray` leaves Ray out)
+                          it SIGKILLed). The benchmark starts that cluster afresh for each of its rounds and stops
+                          it after (`--no-ray` leaves Ray out; a Ray cluster must not run already)
 
 mmt's agents import the probe's modules once per node (``hydra.launcher.preload``: torch.distributed, and
 torch._dynamo, which the optimizer imports on first use). The loss comes once rank 0 has taken ``--kill-at`` steps;
@@ -107,15 +107,18 @@ def _mmt(out: Path, nodes: str, extra: List[str]) -> subprocess.Popen:
 
 
 def _finish(processes: List[subprocess.Popen], limit: float) -> None:
+    """Wait for the variant's processes to end, up to ``limit``; then kill what is left of them and of everything
+    they started (torchrun's workers run in sessions of their own: a kill of the agent's group leaves them)."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline and any(p.poll() is None for p in processes):
         time.sleep(0.2)
     for process in processes:
         if process.poll() is None:
+            _kill_tree(process.pid)
             try:
                 os.killpg(process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
-                process.kill()
+                pass
             process.wait()
 
 
@@ -177,8 +180,9 @@ def _ray_cluster(*command: str) -> None:
 
 
 def run_ray_train(out: Path, kill_at: int, limit: float) -> Optional[float]:
-    if subprocess.run([str(RAY_CLUSTER), "status"], env=RAY_ENV, capture_output=True).returncode != 0:
-        _ray_cluster("revive-node", "3")  # lost in the round before
+    # a fresh cluster each round, up only for this variant: a revived node is not always counted by Ray Train's
+    # elastic start (it started with 4 workers), and an idle cluster's daemons would slow the other variants
+    _ray_cluster("restart")
     driver = subprocess.Popen(
         [sys.executable, str(HERE / "elastic_raytrain.py"), str(out)],
         cwd=HERE,
@@ -192,6 +196,7 @@ def run_ray_train(out: Path, kill_at: int, limit: float) -> Optional[float]:
         lost_at = time.time()
         _ray_cluster("fail-node", "3")  # a machine lost: its raylet and every process on it
     _finish([driver], limit)
+    _ray_cluster("stop")
     return _recovery(out, lost_at)
 
 
@@ -210,7 +215,6 @@ def main() -> None:
     }
     if not args.no_ray:
         variants["ray_train_elastic"] = run_ray_train
-        _ray_cluster("restart")
     seconds: Dict[str, List[Optional[float]]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory(prefix="mmt-bench-elastic.") as scratch:
         for round_ in range(args.rounds):
@@ -221,8 +225,6 @@ def main() -> None:
                 seconds[name].append(variants[name](out, args.kill_at, args.limit))
                 worlds = sorted({int(world) for _, _, world, _ in _steps(out)}, reverse=True)
                 print(f"round {round_} {name}: {seconds[name][-1]} (worlds {worlds})", flush=True)
-    if not args.no_ray:
-        _ray_cluster("stop")
     figures: Dict[str, Dict[str, object]] = {}
     for name, values in seconds.items():
         recovered = [v for v in values if v is not None]
