@@ -61,7 +61,7 @@ def train(**recipe: Any) -> Dict[str, Any]:
     resumed = resume_from(last, config.resume) is not None
     if resumed:
         fabric.load(last, state)
-    run = _Run(fabric, config, out, micro, accumulate, gpt_config)
+    run = _Run(fabric, config, out, micro, accumulate, gpt_config, rank.world_generation)
     run.fit(state, last)
     val_loss = _validate(fabric, model, _loader(data_dir / "val", config, micro, shuffle=False))
     result = run.result(state, val_loss, resumed, gather(weights_digest(model), rank.world_size), str(last))
@@ -195,7 +195,14 @@ class _Run:
     """The training loop's state that is not checkpointed: figures, losses, the reads trace."""
 
     def __init__(
-        self, fabric: L.Fabric, config: LLMConfig, out: Path, micro: int, accumulate: int, gpt_config: Any
+        self,
+        fabric: L.Fabric,
+        config: LLMConfig,
+        out: Path,
+        micro: int,
+        accumulate: int,
+        gpt_config: Any,
+        world: int,
     ) -> None:
         from litgpt.model import GPT
         from litgpt.utils import estimate_flops
@@ -210,7 +217,7 @@ class _Run:
         self.losses: List[float] = []
         self.tokens, self.seconds, self.wait = 0, 0.0, 0.0
         self.reads = None
-        self.world = RankInfo.from_env().world_generation
+        self.world = world  # an elastic job's world (MMT_WORLD_GENERATION): in the reads trace
         if config.trace_reads:
             (out / "reads").mkdir(parents=True, exist_ok=True)
             self.reads = open(out / "reads" / f"rank{fabric.global_rank}.jsonl", "a")

@@ -5,7 +5,6 @@ API) and checked as the launcher checks it before it starts anything: its backen
 plan, then what the backend can run. No process is started. (That the line reaches the console of a real launch,
 without a traceback, and that nothing starts: tests/e2e/test_bad_input.py.)"""
 
-import os
 from pathlib import Path
 from typing import List
 
@@ -13,10 +12,8 @@ import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from helpers.config import compose_train
+from helpers.plans import planned
 from mmt.core.errors import ConfigError
-from mmt.launching.engine import refuse_unrunnable
-from mmt.launching.prepare import make_backend
-from mmt.planning.plan import plan_job
 
 CASES = [
     (["num_nodes=0"], "Invalid num_nodes=0: expected a whole number >= 1"),
@@ -67,27 +64,10 @@ CASES = [
 def refusal(overrides: List[str], job_dir: Path) -> Exception:
     """What the launcher refuses one job with, in the order it checks: compose, the local backend's settings (its
     setup()), the job's plan, what the backend can run (a host without GPUs: CUDA_VISIBLE_DEVICES is empty)."""
-    backend = None
     try:
-        config = compose_train("recipe=probe", *overrides)
-        launcher_cfg = config.hydra.launcher
-        backend = make_backend(launcher_cfg)
-        plan = plan_job(
-            launcher_cfg,
-            num=0,
-            name="train-0",
-            job_id="unit-0",
-            overrides=list(overrides),
-            job_dir=str(job_dir),
-            limits=backend.limits,
-            launcher_env=os.environ,
-        )
-        refuse_unrunnable(backend, [plan])
+        planned(["recipe=probe", *overrides], job_dir)
     except Exception as exc:  # noqa: BLE001 - what was raised is what the test looks at
         return exc
-    finally:
-        if backend is not None:
-            backend.close()
     pytest.fail(f"{overrides} was accepted")
 
 

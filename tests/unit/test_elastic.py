@@ -171,6 +171,15 @@ def test_a_rank_failure_with_no_node_lost_fails_the_job_after_the_grace(tmp_path
     assert coordinator.tick(job) == "a rank failed on node 1 with no node lost"
 
 
+def started(tmp_path, restore_after_s=None):
+    """An elastic 2:3 x 2 job's coordinator, started: (coordinator, its job, the attempt, the node agents)."""
+    plan = planned(ELASTIC, tmp_path / "job")
+    attempt = JobDir(tmp_path / "job").attempt("a").create()
+    coordinator, _ = coordinator_for(plan, restore_after_s=restore_after_s)
+    job, agents = coordinator.start(plan, attempt, 39999, str(tmp_path))
+    return coordinator, job, attempt, agents
+
+
 def lose_node_2(coordinator, job, attempt) -> None:
     """Node 2 lost; the survivors stop their ranks; world 1 (nodes 0, 1) runs."""
     assert coordinator.node_lost(job, 2) is None
@@ -186,10 +195,7 @@ def checkpointed(attempt, at: float) -> None:
 
 
 def test_a_restored_node_joins_the_world_right_after_the_next_checkpoint(tmp_path):
-    plan = planned(ELASTIC, tmp_path / "job")
-    attempt = JobDir(tmp_path / "job").attempt("a").create()
-    coordinator, _ = coordinator_for(plan, restore_after_s=0.0)
-    job, first = coordinator.start(plan, attempt, 39999, "/")
+    coordinator, job, attempt, first = started(tmp_path, restore_after_s=0.0)
     assert all("MMT_CHECKPOINT_MARK" not in agent.env for agent in first)  # (the ranks' env is in their run files)
     lose_node_2(coordinator, job, attempt)
     (spare,) = coordinator.restore_due(job)  # node 2's agent again, as a spare with no ranks
@@ -222,10 +228,7 @@ def test_a_restored_node_joins_the_world_right_after_the_next_checkpoint(tmp_pat
 
 
 def test_a_ready_spare_joins_at_the_next_loss_and_one_that_dies_is_not_restored_again(tmp_path):
-    plan = planned(ELASTIC, tmp_path / "job")
-    attempt = JobDir(tmp_path / "job").attempt("a").create()
-    coordinator, _ = coordinator_for(plan, restore_after_s=0.0)
-    job, _ = coordinator.start(plan, attempt, 39999, "/")
+    coordinator, job, attempt, _ = started(tmp_path, restore_after_s=0.0)
     lose_node_2(coordinator, job, attempt)
     coordinator.restore_due(job)
     mark_ready(attempt, 2)
@@ -243,19 +246,13 @@ def test_a_ready_spare_joins_at_the_next_loss_and_one_that_dies_is_not_restored_
 
 
 def test_without_restore_a_lost_node_stays_lost(tmp_path):
-    plan = planned(ELASTIC, tmp_path / "job")
-    attempt = JobDir(tmp_path / "job").attempt("a").create()
-    coordinator, _ = coordinator_for(plan)
-    job, _ = coordinator.start(plan, attempt, 39999, "/")
+    coordinator, job, attempt, _ = started(tmp_path)
     lose_node_2(coordinator, job, attempt)
     assert coordinator.restore_due(job) == [] and not job.lost_at
 
 
 def test_a_spare_still_waiting_when_training_ends_is_told_so_and_no_node_comes_back_after(tmp_path):
-    plan = planned(ELASTIC, tmp_path / "job")
-    attempt = JobDir(tmp_path / "job").attempt("a").create()
-    coordinator, _ = coordinator_for(plan, restore_after_s=0.0)
-    job, _ = coordinator.start(plan, attempt, 39999, "/")
+    coordinator, job, attempt, _ = started(tmp_path, restore_after_s=0.0)
     lose_node_2(coordinator, job, attempt)
     assert coordinator.restore_due(job)  # a spare, not ready yet
     coordinator.node_done(job, 0)
@@ -265,10 +262,7 @@ def test_a_spare_still_waiting_when_training_ends_is_told_so_and_no_node_comes_b
 
 
 def test_a_node_lost_as_training_ends_is_not_restored_after_it(tmp_path):
-    plan = planned(ELASTIC, tmp_path / "job")
-    attempt = JobDir(tmp_path / "job").attempt("a").create()
-    coordinator, _ = coordinator_for(plan, restore_after_s=3600.0)
-    job, _ = coordinator.start(plan, attempt, 39999, "/")
+    coordinator, job, attempt, _ = started(tmp_path, restore_after_s=3600.0)
     lose_node_2(coordinator, job, attempt)
     coordinator.node_done(job, 0)
     coordinator.node_done(job, 1)
@@ -282,10 +276,7 @@ def test_a_spare_agent_says_it_is_ready_and_exits_when_training_is_over(tmp_path
     import subprocess
     import sys
 
-    plan = planned(ELASTIC, tmp_path / "job")
-    attempt = JobDir(tmp_path / "job").attempt("a").create()
-    coordinator, _ = coordinator_for(plan, restore_after_s=0.0)
-    job, _ = coordinator.start(plan, attempt, 39999, str(tmp_path))
+    coordinator, job, attempt, _ = started(tmp_path, restore_after_s=0.0)
     lose_node_2(coordinator, job, attempt)
     (spare,) = coordinator.restore_due(job)
     coordinator.node_done(job, 0)
