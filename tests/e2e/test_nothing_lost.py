@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import stat
@@ -485,7 +486,7 @@ def test_an_absurd_size_is_refused_before_any_rank_is_planned(tmp_path, tag):
 
 
 def test_a_dry_run_of_a_very_large_job_is_quick_and_short(tmp_path, tag):
-    started = time.monotonic()
+    started = _children_cpu_s()
     done = run_app(
         "cluster=slurm",
         "num_nodes=4096",
@@ -495,17 +496,21 @@ def test_a_dry_run_of_a_very_large_job_is_quick_and_short(tmp_path, tag):
         sweep_dir=tmp_path,
         tag=tag,
     )
-    elapsed = time.monotonic() - started
+    large_cpu_s = _children_cpu_s() - started
     assert done.returncode == 0, done.stderr
     assert "topology   4,096 nodes x 8 devices = 32,768 ranks" in done.stdout
     assert "  ...        32,750 more ranks" in done.stdout and len(done.stdout.splitlines()) < 120
-    assert elapsed < 2 + _hydra_startup_s(tmp_path), elapsed
-
-
-def _hydra_startup_s(tmp_path) -> float:
-    started = time.monotonic()
+    # CPU time, not wall time (a loaded CI host stretched the wall clock past a wall bound), against a 1-node
+    # dry run: planning 32,768 ranks costs at most a second over Hydra's own start (here: about 0.3 s)
+    started = _children_cpu_s()
     run_app("hydra.launcher.dry_run=true", sweep_dir=tmp_path / "small")
-    return time.monotonic() - started
+    small_cpu_s = _children_cpu_s() - started
+    assert large_cpu_s < 1 + 1.2 * small_cpu_s, (large_cpu_s, small_cpu_s)
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 # ------------------------------------------------------------------------------------ 10. SLURM values

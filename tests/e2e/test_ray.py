@@ -177,7 +177,8 @@ def test_a_job_the_cluster_cannot_place_is_one_line_within_seconds(ask, key, ask
     started = time.monotonic()
     done = run_app(*on_ray(tag), "recipe=probe", "devices=2", *ask, sweep_dir=tmp_path, tag=tag, timeout=60)
     elapsed = time.monotonic() - started
-    assert done.returncode == 1 and elapsed < 10, (elapsed, done.stderr[-2000:])
+    # seconds, not the run's 60 s timeout (a wait for resources that never come); 30 leaves a loaded CI host room
+    assert done.returncode == 1 and elapsed < 30, (elapsed, done.stderr[-2000:])
     [line] = [line for line in done.stderr.splitlines() if line.startswith("Invalid ")]
     assert line.startswith(f"Invalid {key}: job 0 {asked}" if key.startswith("num") else f"Invalid {key}: "), line
     assert asked in line and f"the cluster at {address()} has " in line and "HINT: " in line, line

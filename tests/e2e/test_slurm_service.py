@@ -64,7 +64,8 @@ def test_a_detached_job_returns_at_once_and_concludes_itself(tmp_path, tag):
     )
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stderr[-3000:]
-    assert elapsed < 2 + _startup_s(tmp_path), f"{elapsed:.1f} s"  # returns within 2 s of submission
+    # returns soon after submission: waiting for the job would add its start and 6 s hold (4 s: a loaded CI host)
+    assert elapsed < 4 + _startup_s(tmp_path), f"{elapsed:.1f} s"
     assert "mmt: detached job 0 far-0 (SLURM job" in done.stdout
     wait_until(lambda: _row("far-0").get("status") == "Running", 60, "Running")
     wait_until(lambda: _row("far-0").get("status") == "Completed", 90, "Completed")  # concluded inside the allocation
