@@ -80,7 +80,7 @@ def test_refused_in_one_line_before_anything_starts(overrides, said, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("cluster", ["slurm", "ray"])
+@pytest.mark.parametrize("cluster", ["slurm"])
 def test_a_backend_that_does_not_run_elastic_jobs_refuses_them_in_one_line(cluster, tmp_path):
     with pytest.raises(ConfigError) as raised:
         planned(
@@ -158,7 +158,7 @@ def test_the_coordinator_forms_a_smaller_world_once_the_survivors_stopped_their_
 
 
 def test_a_rank_failure_with_no_node_lost_fails_the_job_after_the_grace(tmp_path, monkeypatch):
-    from mmt.backends.local import elastic
+    from mmt.backends import elastic
 
     plan = planned(ELASTIC, tmp_path / "job")
     attempt = JobDir(tmp_path / "job").attempt("a").create()

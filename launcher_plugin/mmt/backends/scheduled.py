@@ -17,9 +17,9 @@ imports only what it runs).
 import abc
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Generic, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, ClassVar, Generic, List, Optional, Sequence, Set, Tuple, TypeVar
 
 from omegaconf import DictConfig
 
@@ -32,6 +32,7 @@ from mmt.records.ownership import lock_is_held
 from mmt.records.reconcile import conclude_orphan, own_result, save
 from mmt.records.registry import JobRecord, Registry
 from mmt.records.schema import ResultRecord, UnknownSchemaError
+from mmt.records.world import read_changes
 
 # seconds between two asks to stop a job whose scheduler did not take the stop
 STOP_RETRY_S = 2.0
@@ -54,6 +55,8 @@ class ScheduledJob(JobHandle):
     reason: Optional[str] = None
     # a stop the scheduler did not take yet (it did not answer): asked again from wait() from this time on
     stop_due: Optional[float] = None
+    # an elastic job's world changes said on the console: (run, generation, its first training step seen)
+    world_said: Set[Tuple[int, int, bool]] = field(default_factory=set)
 
     @property
     def scheduler_id(self) -> str:
@@ -203,6 +206,17 @@ class ScheduledBackend(Backend[J], Watcher[J], Generic[J, S]):
                 self._stop(job)
         if time.monotonic() >= self._next_query:
             self._query()
+
+    def _note_world_changes(self, job: J) -> None:
+        """An elastic job's world changes, as its coordinator recorded them (``world.jsonl``): each said once when
+        it is decided, and again with its time to training."""
+        if job.plan.elastic is None:
+            return
+        for change in read_changes(job.attempt.job_dir):
+            key = (change.restart, change.generation, change.training_at is not None)
+            if key not in job.world_said:
+                job.world_said.add(key)
+                self._notices.append(f"mmt: {job.plan.label} ({job.plan.name}): {change.describe()}")
 
     def drain_notices(self) -> List[str]:
         notices, self._notices = self._notices, []

@@ -26,8 +26,9 @@ from mmt.agent.server import StartJob
 from mmt.backends import registry
 from mmt.backends.base import Backend, JobHandle, JobSnapshot, Submission
 from mmt.backends.dependencies import dependency_state, why_cancelled
+from mmt.backends.elastic import ElasticJob
 from mmt.backends.local import agents, images, records
-from mmt.backends.local.elastic import ElasticCoordinator, ElasticJob
+from mmt.backends.local.elastic import ElasticCoordinator
 from mmt.backends.local.host import PortReservations, cpu_cores, visible_gpus
 from mmt.backends.local.watch import LocalWatcher
 from mmt.core import proctree

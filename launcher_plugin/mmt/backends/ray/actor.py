@@ -11,6 +11,11 @@ The job's driver creates one per node, each in its bundle of the job's placement
    mmt's node agent in a process of its own (``python -m mmt.backends.ray.node``, the NodeRun on its stdin), which
    forks the node's ranks exactly as a SLURM node agent does. Its exit code is the answer.
 
+An elastic job's actor (``num_nodes=MIN:MAX``, ``mmt.backends.ray.elastic``) runs the elastic agent, which forks
+its ranks world after world; for each new world it writes its own ranks of it (:meth:`NodeActor.prepare_world`),
+and the world's node 0 holds its MASTER_PORT (:meth:`NodeActor.hold_world_port`). A lost node's bundle placed again
+gets a new actor, whose agent waits as a spare (:meth:`NodeActor.run_spare`).
+
 The agent is a child of the actor's worker process, not the worker itself: a Ray worker runs gRPC threads, which a
 fork of the ranks must not inherit, and its main thread belongs to Ray. The agent dies with the worker (its
 parent-death signal), and the ranks with the agent. :meth:`NodeActor.stop` (the actor is threaded: it answers
@@ -24,15 +29,18 @@ import socket
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from mmt.agent.node import NodeRun, node_run
+from mmt.backends.elastic import elastic_rank
 from mmt.backends.ray.task import RayTask
 from mmt.core import timeline
+from mmt.core.jobdir import write_atomic
 from mmt.core.ports import hold_port
 from mmt.core.rank_env import OMP_NUM_THREADS
 from mmt.planning.environment import Rendezvous, RoleSite
+from mmt.planning.plan import JobPlan
 
 NODE_MODULE = "mmt.backends.ray.node"
 # what Ray sets for its own workers only (which raylet, job and node a worker belongs to): a rank is no Ray worker,
@@ -117,14 +125,48 @@ class NodeActor:
 
     def run(self, rendezvous: Rendezvous, restart: int, sites: Optional[Mapping[str, RoleSite]] = None) -> int:
         """Run the node's agent until it ends; its exit code (0: every rank of the node succeeded). ``sites``: a job
-        with roles, where every role is."""
+        with roles, where every role is. An elastic job's agent runs the node's ranks world after world."""
+        prepared = self._node_run(self.task.plan, self.node, rendezvous, restart, sites)
+        return self._run_agent(prepared, ("--elastic",) if self.task.plan.elastic is not None else ())
+
+    def run_spare(self) -> int:
+        """An elastic job's node back after it was lost (its bundle placed again): its agent imports the preload,
+        says it is ready and waits to join the next world; its exit code, as :meth:`run`'s."""
+        task = self.task
+        spare = NodeRun(
+            job_id=task.plan.job_id,
+            node_rank=self.node,
+            job_dir=task.plan.job_dir,
+            attempt_dir=str(task.attempt.dir),
+            kill_grace_s=task.kill_grace_s,
+            preload=task.plan.preload,
+            method=task.start_method,
+            processes=(),
+            metrics_interval_s=task.plan.metrics_interval_s,
+        )
+        return self._run_agent(spare, ("--elastic", "--spare"))
+
+    def hold_world_port(self) -> int:
+        """A new world of an elastic job has this node as its node 0: a port for its MASTER_PORT, held until the
+        agent ends (the world's rank 0 listens on it)."""
+        with self._lock:
+            return self._hold()
+
+    def prepare_world(self, plan: JobPlan, node_rank: int, rendezvous: Rendezvous, restart: int) -> None:
+        """An elastic job's next world: this node's ranks of it (node ``node_rank`` of ``plan``'s world), built with
+        this actor's environment, written privately where the node's agent reads them."""
+        prepared = self._node_run(plan, node_rank, rendezvous, restart, None)
+        write_atomic(
+            self.task.attempt.elastic_node_run(self.node, plan.generation), pickle.dumps(prepared), private=True
+        )
+
+    def _run_agent(self, prepared: NodeRun, args: Tuple[str, ...]) -> int:
         try:
-            prepared = self._node_run(rendezvous, restart, sites)
             with self._lock:
                 if self._stopped:  # stopped before its agent started: start none
                     return 1
                 self._agent = subprocess.Popen(
-                    [sys.executable, "-u", "-m", NODE_MODULE],
+                    [sys.executable, "-u", "-m", NODE_MODULE, *args],
                     stdin=subprocess.PIPE,
                     cwd=self._cwd(),
                     env=os.environ.copy(),
@@ -148,13 +190,21 @@ class NodeActor:
     def _cwd(self) -> str:
         return self.task.project_dir or os.getcwd()  # the runtime env's working_dir: Ray's copy, the actor's own
 
-    def _node_run(self, rendezvous: Rendezvous, restart: int, sites: Optional[Mapping[str, RoleSite]]) -> NodeRun:
+    def _node_run(
+        self,
+        plan: JobPlan,
+        node_rank: int,
+        rendezvous: Rendezvous,
+        restart: int,
+        sites: Optional[Mapping[str, RoleSite]],
+    ) -> NodeRun:
+        """Node ``node_rank`` of ``plan``'s world (this node: an elastic job's later worlds rank it anew)."""
         task = self.task
         own = {name: os.environ.get(name, "") for name in task.own_env}
-        return node_run(
-            task.plan,
+        run = node_run(
+            plan,
             task.attempt,
-            self.node,
+            node_rank,
             rendezvous=rendezvous,
             inherited=inherited_env(os.environ, own),
             copied=task.copied_env,
@@ -165,3 +215,6 @@ class NodeActor:
             restart=restart,
             sites=sites,
         )
+        if plan.elastic is None:
+            return run
+        return replace(run, processes=tuple(elastic_rank(task.attempt, spec) for spec in run.processes))

@@ -78,6 +78,8 @@ class RayBackend(ScheduledBackend[RayJobHandle, RaySettings], name="ray", settin
 
     # a job with roles: one placement group whose bundles have each role's shape (docs/roles.md)
     runs_roles = True
+    # num_nodes=MIN:MAX: the driver forms the world again as nodes are lost and placed again (docs/elastic.md)
+    runs_elastic = True
 
     def __init__(self, settings: RaySettings) -> None:
         super().__init__(settings)
@@ -333,6 +335,7 @@ class RayBackend(ScheduledBackend[RayJobHandle, RaySettings], name="ray", settin
             return
         self._note_restarts(job)
         self._note_waiting(job)
+        self._note_world_changes(job)
         seen = job.seen
         if seen is None:
             return

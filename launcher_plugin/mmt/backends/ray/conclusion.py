@@ -50,6 +50,9 @@ class RunEnd:
     died: Tuple[Tuple[int, str], ...] = ()
     # the run could never be placed: the one line that says what it asks and what the cluster has
     refused: Optional[str] = None
+    # an elastic run (num_nodes=MIN:MAX): fewer nodes than MIN left, which ones were lost; its last world's plan
+    too_few: Optional[str] = None
+    plan: Optional[JobPlan] = None
 
     @property
     def duration_s(self) -> float:
@@ -67,6 +70,9 @@ def conclude(plan: JobPlan, attempt: Attempt, end: RunEnd, scheduler_id: str) ->
     hung = read_hang(attempt)
     if hung is not None and not stopped:  # its node agents stopped it: every rank's end follows from that
         outcome.status, outcome.detail = JobState.FAILED, hung
+        return outcome
+    if end.too_few is not None and not stopped:
+        outcome.status, outcome.detail = JobState.FAILED, f"Ray job {scheduler_id} {end.too_few}"
         return outcome
     if end.lost and not stopped:  # every other rank's end (a broken collective, the driver's stop) follows from it
         outcome.status, outcome.detail = JobState.FAILED, lost_detail(plan, scheduler_id, end.lost)

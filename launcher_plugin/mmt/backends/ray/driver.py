@@ -22,6 +22,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -29,6 +30,7 @@ from mmt.backends.ray import placement
 from mmt.backends.ray.actor import NodeActor, NodeFacts
 from mmt.backends.ray.api import ClusterNode
 from mmt.backends.ray.conclusion import LostNode, RunEnd, conclude
+from mmt.backends.ray.elastic import ElasticRun
 from mmt.backends.ray.task import RayTask, read_task_file, write_placement
 from mmt.core import timeline
 from mmt.core.jobdir import JobDir, write_atomic
@@ -106,6 +108,8 @@ class Placed:
     actors: List[Any]
     node_ids: List[str] = field(default_factory=list)
     facts: List[NodeFacts] = field(default_factory=list)
+    # an elastic run's actors besides ``actors`` (of lost nodes, and new ones for their bundles)
+    elastic: Optional[ElasticRun] = None
 
 
 def cluster_nodes() -> List[ClusterNode]:
@@ -150,7 +154,7 @@ class Driver:
                 # the nodes left cannot hold the job: the run that failed is its last, and says why it stays so
                 restarts.unrecord_last_run(self.attempt)
                 return _cannot_restart(self.plan, failed, end.refused)
-            outcome = conclude(self.plan, self.attempt, end, self.sid)
+            outcome = conclude(end.plan or self.plan, self.attempt, end, self.sid)
             if outcome.status != JobState.FAILED or restart >= self.plan.max_restarts or self._stopped() is not None:
                 return outcome
             self._record_failure(restart, outcome, end)
@@ -187,9 +191,17 @@ class Driver:
             )
             write_placement(self.attempt, restart, [_placement_row(f) for f in facts])
             sites = self._role_sites(facts)
+            if self.plan.elastic is not None:  # the driver forms the world again as nodes go and come back
+                new_actor = partial(self._new_actor, placed.group, restart)
+                assert facts[0].master_port is not None
+                placed.elastic = ElasticRun(
+                    self.plan, self.attempt, placed.actors, facts, facts[0].master_port, restart, new_actor
+                )
             run = {actor.run.remote(rendezvous, restart, sites): node for node, actor in enumerate(placed.actors)}
             ends, stopped_at, timed_out = self._watch(placed, run, deadline)
-        lost, died = self._lost_and_died(placed, ends)
+        elastic = placed.elastic
+        # an elastic run's lost nodes were its worlds' changes, not its end (too few left: its failure says so)
+        lost, died = self._lost_and_died(placed, ends) if elastic is None else ([], [])
         end = RunEnd(
             started_at=started,
             ended_at=time.time(),
@@ -198,6 +210,8 @@ class Driver:
             timed_out=timed_out,
             lost=tuple(lost),
             died=tuple(died),
+            too_few=elastic.too_few if elastic is not None else None,
+            plan=elastic.plan if elastic is not None else None,
         )
         self.used_s += end.duration_s
         return end
@@ -223,7 +237,6 @@ class Driver:
         when stopped while waiting)."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         refused = self._refusal()
         if refused is not None:
@@ -248,19 +261,23 @@ class Driver:
         timeline.mark_at(self.attempt.timeline, "ray_placed", run=restart)
         table = ray.util.placement_group_table(group)
         where = table.get("bundles_to_node_id") or {}
-        actors = [
-            self.remote.options(
-                num_cpus=bundles[node].get("CPU", 0.0),
-                num_gpus=bundles[node].get("GPU", 0.0),
-                resources={k: v for k, v in bundles[node].items() if k not in ("CPU", "GPU")},
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=node),
-                max_concurrency=4,  # threaded: stop() answers while run() waits for the agent
-                max_restarts=0,
-                name=f"{self.sid}.{restart}.node{node}",
-            ).remote(self.task, node)
-            for node in range(self.plan.num_nodes)
-        ]
+        actors = [self._new_actor(group, restart, node, f"node{node}") for node in range(self.plan.num_nodes)]
         return Placed(group, actors, node_ids=[str(where.get(n, "")) for n in range(self.plan.num_nodes)]), None
+
+    def _new_actor(self, group: Any, restart: int, node: int, name: str) -> Any:
+        """Node ``node``'s actor, in its bundle of the run's placement group (``name``: new in the cluster)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle = self.task.bundles[node]
+        return self.remote.options(
+            num_cpus=bundle.get("CPU", 0.0),
+            num_gpus=bundle.get("GPU", 0.0),
+            resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=node),
+            max_concurrency=4,  # threaded: stop() answers while run() waits for the agent
+            max_restarts=0,
+            name=f"{self.sid}.{restart}.{name}",
+        ).remote(self.task, node)
 
     def _refusal(self) -> Optional[str]:
         if self.plan.roles:
@@ -286,6 +303,7 @@ class Driver:
         import ray
         from ray.exceptions import ActorUnavailableError, RayActorError
 
+        elastic = None if starting else placed.elastic
         pending, ends = dict(refs), {}
         stopped_at: Optional[float] = None
         timed_out = False
@@ -300,7 +318,14 @@ class Driver:
                     ends[node] = NodeEnd(error=_said(exc), unavailable=isinstance(exc, ActorUnavailableError))
                 except Exception as exc:  # noqa: BLE001 - the actor's own error (a port it could not hold ...)
                     ends[node] = NodeEnd(error=_said(exc))
-            failed = any(e.error is not None or (not starting and e.value != 0) for e in ends.values())
+                if elastic is not None and stopped_at is None:
+                    elastic.ended(node, ends[node].value if ends[node].error is None else None)
+            if elastic is not None:  # a lost node is a change of its world; the run fails when the world cannot
+                if stopped_at is None:
+                    pending.update(elastic.tick())
+                failed = elastic.failure is not None
+            else:
+                failed = any(e.error is not None or (not starting and e.value != 0) for e in ends.values())
             why = None
             if failed:
                 why = "failure"
@@ -355,7 +380,7 @@ class Driver:
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        for actor in placed.actors:
+        for actor in placed.actors + (placed.elastic.release() if placed.elastic is not None else []):
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - an actor already gone
