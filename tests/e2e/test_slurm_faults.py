@@ -375,6 +375,10 @@ def test_a_job_that_concluded_itself_is_reported_while_slurmctld_does_not_answer
     job_id = None
     try:
         job_id = _job_id(tmp_path)
+        # its command runs (its step made): SLURM says RUNNING once the batch script starts, and a step asked for
+        # while slurmctld is stopped never starts (a loaded CI host was that slow once)
+        timeline = tmp_path / "0" / "timeline.jsonl"
+        wait_until(lambda: timeline.exists() and '"task_start"' in timeline.read_text(), 60, "the job's command")
         with _slurmctld_stopped():
             # the job fails and its own last step writes result.json inside the allocation; the launcher reads it
             output, _ = launcher.communicate(timeout=90)
