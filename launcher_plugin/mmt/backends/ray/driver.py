@@ -108,7 +108,7 @@ class Placed:
     actors: List[Any]
     node_ids: List[str] = field(default_factory=list)
     facts: List[NodeFacts] = field(default_factory=list)
-    # an elastic run's actors besides ``actors`` (of lost nodes, and new ones for their bundles)
+    # an elastic run (num_nodes=MIN:MAX): its worlds, and the actors it made besides ``actors``
     elastic: Optional[ElasticRun] = None
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from mmt.backends.elastic import ElasticJob, WorldCoordinator, first_world
 from mmt.backends.ray.actor import NodeFacts
+from mmt.core.jobdir import Attempt
 from mmt.planning.environment import Rendezvous
 from mmt.planning.plan import JobPlan
 
@@ -65,7 +66,7 @@ class ElasticRun:
     def __init__(
         self,
         plan: JobPlan,
-        attempt: Any,
+        attempt: Attempt,
         actors: List[Any],
         facts: List[NodeFacts],
         master_port: int,
