@@ -228,7 +228,7 @@ def test_a_master_port_another_process_holds_fails_the_job_at_once_naming_it(tmp
     port = master_port(result["scheduler_id"])
     assert result["status"] == "FAILED", result
     assert re.search(rf"MASTER_PORT {port} on node\d is in use", result["error"]), result  # the job's node 0
-    assert elapsed < 30, elapsed
+    assert elapsed < 60, elapsed  # not the 120 s rendezvous timeout (a loaded CI host took 18 s for a node's preload)
     assert _squeue() == ""
 
 
