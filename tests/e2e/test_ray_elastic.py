@@ -10,25 +10,12 @@ import subprocess
 import time
 from pathlib import Path
 
-from e2e.test_elastic import ELASTIC_LM, forked_since, last_step
+from e2e.test_elastic import forked_since, last_step, launch
 from e2e.test_ray import _cluster, on_ray, placement  # noqa: F401 - fixture
 from e2e.test_ray_faults import CLUSTER, _worker_of, lose_node  # noqa: F401 - fixture
-from helpers.app import app_command, app_env, results
+from helpers.app import results
 from helpers.elastic import agent_pid, attempt_of, world_changes
-from helpers.paths import REPO
-from helpers.processes import from_a_terminal, wait_gone, wait_until
-
-
-def launch(tmp_path: Path, tag: str, *overrides: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        app_command(*on_ray(tag), *ELASTIC_LM, *overrides, sweep_dir=tmp_path),
-        cwd=REPO,
-        env=app_env(tag),
-        preexec_fn=from_a_terminal,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+from helpers.processes import wait_gone, wait_until
 
 
 def _training_after(job: Path, generation: int) -> dict:
@@ -41,7 +28,7 @@ def _training_after(job: Path, generation: int) -> dict:
 
 
 def test_a_lost_ray_node_costs_that_node_and_the_node_back_joins_after_the_next_checkpoint(tmp_path, tag, lose_node):  # noqa: F811 - fixture
-    launcher = launch(tmp_path, tag, "recipe.max_steps=90")
+    launcher = launch(tmp_path, tag, *on_ray(tag), "recipe.max_steps=90")
     job = tmp_path / "0"
     try:
         wait_until(lambda: last_step(job) >= 24, 300, "step 24 (after the step-20 checkpoint)")
@@ -95,7 +82,7 @@ def test_a_lost_ray_node_costs_that_node_and_the_node_back_joins_after_the_next_
 
 
 def test_below_min_nodes_the_elastic_ray_job_fails_naming_the_lost_nodes(tmp_path, tag, lose_node):  # noqa: F811 - fixture
-    launcher = launch(tmp_path, tag, "recipe.max_steps=400")
+    launcher = launch(tmp_path, tag, *on_ray(tag), "recipe.max_steps=400")
     job = tmp_path / "0"
     try:
         wait_until(lambda: last_step(job) >= 4, 300, "training")

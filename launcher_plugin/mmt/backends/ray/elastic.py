@@ -13,7 +13,7 @@ elastic node agent (``mmt.agent.elastic``), and the driver coordinates the world
 
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from mmt.backends.elastic import ElasticJob, WorldCoordinator, first_world
 from mmt.backends.ray.actor import NodeFacts
@@ -81,6 +81,7 @@ class ElasticRun:
         self.failure: Optional[str] = None
         self.too_few: Optional[str] = None
         self._asked = 0
+        self._said: Set[Tuple[int, bool]] = set()  # (generation, training seen) of the changes said
 
     @property
     def plan(self) -> JobPlan:
@@ -102,8 +103,7 @@ class ElasticRun:
         if failed is not None:
             self.failure = self.too_few = failed
             return
-        if self.job.change is not None:
-            self._say(self.job.change.describe())
+        self._say_change()
         self.retired.append(self.actors[slot])
         self._ask_again(slot)
 
@@ -111,15 +111,10 @@ class ElasticRun:
         """Move the world on; the runs of nodes that came back, to watch (ref -> slot)."""
         import ray
 
-        before = self.job.change
         failed = self.worlds.tick(self.job)
         if failed is not None and self.failure is None:
             self.failure = failed
-        change = self.job.change
-        if change is not None and change is not before and (before is None or before.generation != change.generation):
-            self._say(change.describe())
-        elif change is not None and before is not None and before.training_at is None and change.training_at:
-            self._say(change.describe())
+        self._say_change()
         started: Dict[Any, int] = {}
         if not self.placing:
             return started
@@ -150,6 +145,14 @@ class ElasticRun:
         self._asked += 1
         actor = self.new_actor(slot, f"node{slot}.back{self._asked}")
         self.placing[actor.prepare.remote()] = (slot, actor)
+
+    def _say_change(self) -> None:
+        """The last change, once when it is decided and once when its world trains (as the launcher says it)."""
+        change = self.job.change
+        if change is None or (change.generation, change.training_at is not None) in self._said:
+            return
+        self._said.add((change.generation, change.training_at is not None))
+        self._say(change.describe())
 
     def _say(self, what: str) -> None:
         stamp = time.strftime("%H:%M:%S")
