@@ -16,8 +16,8 @@
 #                              lose NODE as a machine is lost: SIGKILL its slurmd and every process
 #                              in its namespaces (job steps, tasks); slurmctld marks it DOWN once it
 #                              has not answered for MMT_SLURM_NODE_TIMEOUT s
-#   slurm_cluster.sh revive-node NODE
-#                              start NODE's slurmd again and wait until the node is idle
+#   slurm_cluster.sh revive-node NODE [NODE ...]
+#                              start each NODE's slurmd again and wait until the nodes are idle
 #
 # How it works
 #   * Everything (configs, munge key and socket, state, spool, logs, database) lives under
@@ -597,12 +597,15 @@ cmd_fail_node() { # fail-node NODE
     log "$n lost: slurmd and its processes killed; slurmctld marks it DOWN after ${NODE_TIMEOUT} s without an answer"
 }
 
-cmd_revive_node() { # revive-node NODE
-    local n=${1:-}
-    [[ $n =~ ^node[0-9]+$ ]] || die "usage: $0 revive-node NODE (e.g. node2)"
+cmd_revive_node() { # revive-node NODE [NODE ...]: every node started before the wait (the others may be down too)
+    local n
+    [[ $# -gt 0 ]] || die "usage: $0 revive-node NODE [NODE ...] (e.g. node2)"
+    for n in "$@"; do [[ $n =~ ^node[0-9]+$ ]] || die "usage: $0 revive-node NODE [NODE ...] (e.g. node2)"; done
     take_lock
-    start_node "$n"
-    scontrol update NodeName="$n" State=RESUME 2>/dev/null || true
+    for n in "$@"; do
+        start_node "$n"
+        scontrol update NodeName="$n" State=RESUME 2>/dev/null || true
+    done
     wait_idle
 }
 
@@ -620,9 +623,9 @@ case ${1:-} in
     env) echo "export SLURM_CONF=$SLURM_CONF" ;;
     purge) cmd_purge ;;
     fail-node) cmd_fail_node "${2:-}" ;;
-    revive-node) cmd_revive_node "${2:-}" ;;
+    revive-node) shift; cmd_revive_node "$@" ;;
     *)
-        echo "usage: $0 {start|stop|restart|status|env|purge|fail-node NODE|revive-node NODE}" >&2
+        echo "usage: $0 {start|stop|restart|status|env|purge|fail-node NODE|revive-node NODE...}" >&2
         exit 2
         ;;
 esac

@@ -30,7 +30,7 @@ def _copy_with_a_slow_agent(dest: Path) -> Path:
             target.write_bytes(source.read_bytes())
     server = dest / "launcher_plugin" / "mmt" / "agent" / "server.py"
     text = server.read_text()
-    ready = "        timeline.mark_at(path, timeline.AGENT_READY, node=\"host\")\n"
+    ready = '        timeline.mark_at(path, timeline.AGENT_READY, node="host")\n'
     assert text.count(ready) == 1, "the agent's job start moved: update this test"
     server.write_text(text.replace(ready, f"{ready}        time.sleep({SLEEP_S})  # the deliberate regression\n"))
     return dest

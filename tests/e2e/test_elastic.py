@@ -217,7 +217,6 @@ def test_the_dry_run_shows_each_worlds_batch_and_bad_ranges_are_one_line(tmp_pat
     for overrides, said in (
         (("num_nodes=3:2",), "Invalid num_nodes='3:2': an elastic range needs 1 <= MIN < MAX"),
         (("num_nodes=2:3", "devices=2"), "Invalid batch.global_size=64: an elastic job (num_nodes=2:3, devices=2)"),
-        ((*ELASTIC_LM, "cluster=slurm"), "Invalid num_nodes='2:3': cluster=slurm does not run an elastic job"),
         (
             (*ELASTIC_LM, "hydra.launcher.restore_lost_nodes_after_s=-1"),
             "Invalid hydra.launcher.restore_lost_nodes_after_s=-1.0: expected a number > 0",

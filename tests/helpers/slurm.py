@@ -41,6 +41,8 @@ def lose_node(name: str) -> None:
     subprocess.run([str(CLUSTER_SCRIPT), "fail-node", name], capture_output=True, text=True, check=True, timeout=60)
 
 
-def revive_node(name: str) -> None:
-    """Start ``name``'s slurmd again and wait until the node is idle."""
-    subprocess.run([str(CLUSTER_SCRIPT), "revive-node", name], capture_output=True, text=True, check=True, timeout=120)
+def revive_node(*names: str) -> None:
+    """Start each node's slurmd again and wait until the nodes are idle."""
+    subprocess.run(
+        [str(CLUSTER_SCRIPT), "revive-node", *names], capture_output=True, text=True, check=True, timeout=120
+    )

@@ -5,11 +5,16 @@ forms, when it runs, when the job fails) driven by the files its node agents wou
 import os
 import pickle
 import time
+from types import SimpleNamespace
 from typing import List
 
 import pytest
 
 from helpers.plans import planned
+from mmt.backends.base import capability_problems
+from mmt.backends.local.backend import LocalBackend
+from mmt.backends.ray.backend import RayBackend
+from mmt.backends.slurm.backend import SlurmBackend
 from mmt.core.errors import ConfigError
 from mmt.core.jobdir import JobDir
 from mmt.core.rank_env import RankInfo
@@ -80,15 +85,23 @@ def test_refused_in_one_line_before_anything_starts(overrides, said, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("cluster", ["slurm"])
-def test_a_backend_that_does_not_run_elastic_jobs_refuses_them_in_one_line(cluster, tmp_path):
+def test_a_backend_that_does_not_run_elastic_jobs_refuses_them_in_one_line(tmp_path):
+    plan = planned(ELASTIC, tmp_path)
+    plain = SimpleNamespace(name="other", runs_roles=False, runs_elastic=False)  # a third-party backend's class
+    (refused,) = capability_problems(plain, plan)  # type: ignore[arg-type]
+    assert str(refused).startswith("Invalid num_nodes='2:3': cluster=other does not run an elastic job yet")
+    # mmt's own three all run them
+    for backend in (LocalBackend, SlurmBackend, RayBackend):
+        assert backend.runs_elastic and capability_problems(backend, plan) == []  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("setting", ["hydra.launcher.tasks=per_rank", "hydra.launcher.container_runtime=oci"])
+def test_what_an_elastic_slurm_job_cannot_be_is_refused_in_one_line(setting, tmp_path):
+    overrides = [*ELASTIC, setting, *(["image=alpine"] if "oci" in setting else [])]
     with pytest.raises(ConfigError) as raised:
-        planned(
-            [*ELASTIC, "hydra.launcher.address=http://127.0.0.5:8265"] if cluster == "ray" else ELASTIC,
-            tmp_path,
-            cluster,
-        )
-    assert str(raised.value).startswith(f"Invalid num_nodes='2:3': cluster={cluster} does not run an elastic job yet")
+        planned(overrides, tmp_path, "slurm")
+    said = str(raised.value)
+    assert said.startswith(f"Invalid {setting.split('=')[0]}=") and "an elastic job (num_nodes=2:3)" in said, said
 
 
 def test_a_change_is_recorded_once_per_world_and_read_back_into_the_result(tmp_path):

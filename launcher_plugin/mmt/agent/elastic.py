@@ -16,7 +16,7 @@ exits non-zero then. Its ranks all succeeding ends the agent with 0: the job's t
 import pickle
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from mmt.agent.node import NodeAgent, NodeRun
 from mmt.core.jobdir import Attempt
@@ -27,10 +27,15 @@ from mmt.records.world import DONE, RUNNING, World, mark_ended, mark_ready
 _LOOK_S = 0.05
 
 
-def run_elastic(first: NodeRun, slot: int, spare: bool = False) -> int:
+# a world that runs -> this node's ranks of it (where the node builds them itself, as on SLURM)
+WorldRun = Callable[[World], NodeRun]
+
+
+def run_elastic(first: NodeRun, slot: int, spare: bool = False, world_run: Optional[WorldRun] = None) -> int:
     """Run node ``slot``'s ranks of every world it is part of; the code of the last run (0: training is over).
     ``spare``: a node restored after it was lost: it imports the preload, says it is ready, and waits for a world
-    that has it (the coordinator adds it at the next re-formation)."""
+    that has it (the coordinator adds it at the next re-formation). ``world_run``: how the node's ranks of a later
+    world are built (default: read from the file the backend wrote for it)."""
     agent = NodeAgent(first, slot=slot)
     attempt = agent.attempt
     node: Optional[NodeRun] = first
@@ -62,7 +67,7 @@ def run_elastic(first: NodeRun, slot: int, spare: bool = False) -> int:
         if world is None:
             break
         generation = world.generation
-        node = _node_run(attempt, slot, generation)
+        node = world_run(world) if world_run is not None else _node_run(attempt, slot, generation)
     agent.finish(code)
     return code
 

@@ -236,7 +236,8 @@ def capability_problems(backend: Backend[Any], plan: JobPlan) -> List[ConfigErro
                 "num_nodes",
                 plan.elastic.label,
                 f"cluster={backend.name} does not run an elastic job yet",
-                "run it with cluster=local, or give num_nodes a count (a lost node then fails or restarts the job)",
+                "run it with a backend that does (local, slurm, ray), or give num_nodes a count (a lost node then "
+                "fails or restarts the job)",
             )
         )
     return found

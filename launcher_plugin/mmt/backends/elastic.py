@@ -64,7 +64,14 @@ class ElasticJob:
 def first_world(plan: JobPlan, attempt: Attempt, port: int, cwd: str, restart: int = 0) -> ElasticJob:
     """World 0 of a run, every node of the plan, written for the agents. A restart (``restart``: its count) starts
     from world 0 again, every node back: the records of the run before's worlds go."""
-    stale = ("world.ended.*", "world.ready.*", "node.*.g*.pkl", attempt.checkpoint_mark.name)
+    stale = (
+        "world.ended.*",
+        "world.ready.*",
+        "node.*.g*.pkl",
+        "node.*.alive",
+        attempt.checkpoint_mark.name,
+        attempt.world_failed.name,
+    )
     for path in [found for pattern in stale for found in attempt.dir.glob(pattern)]:
         path.unlink(missing_ok=True)
     slots = tuple(range(plan.num_nodes))

@@ -32,7 +32,7 @@ from mmt.records.ownership import lock_is_held
 from mmt.records.reconcile import conclude_orphan, own_result, save
 from mmt.records.registry import JobRecord, Registry
 from mmt.records.schema import ResultRecord, UnknownSchemaError
-from mmt.records.world import read_changes
+from mmt.records.world import last_world_plan, read_changes
 
 # seconds between two asks to stop a job whose scheduler did not take the stop
 STOP_RETRY_S = 2.0
@@ -227,7 +227,7 @@ class ScheduledBackend(Backend[J], Watcher[J], Generic[J, S]):
     def _completed(self, job: J, now: float) -> bool:
         """Every process of the job reported success: done, without waiting for the scheduler to tidy up (an
         epilog, a placement group released), nothing that changes the result."""
-        if not all_succeeded(job.plan, job.attempt):
+        if not all_succeeded(last_world_plan(job.plan, job.attempt), job.attempt):
             return False
         self._conclude(job, JobOutcome(JobState.COMPLETED, job.duration(now), scheduler_id=job.scheduler_id))
         return True

@@ -348,6 +348,15 @@ class Attempt:
     def payload(self) -> Path:
         return self.dir / "job.pkl"
 
+    def node_alive(self, slot: int) -> Path:
+        """Touched every second by an elastic SLURM job's node agent (node ``slot``): its coordinator's heartbeat."""
+        return self.dir / f"node.{slot}.alive"
+
+    @property
+    def world_failed(self) -> Path:
+        """An elastic job whose world could not form again (too few nodes left): why, for its conclusion."""
+        return self.dir / "world.failed"
+
     def node_run(self, node_rank: int) -> Path:
         """What a node agent in a container runs (``mmt.agent.node.main``): that node's ranks, with their env."""
         return self.dir / f"node.{node_rank}.pkl"

@@ -158,17 +158,18 @@ def _job_row(job: JobReport) -> SummaryRow:
         duration_s=outcome.duration_s,
         metric=metric["value"],
         note=note,
-        shape=plan.topology if plan.roles else _elastic_shape(plan.num_nodes, plan.devices, job.record),
+        shape=plan.topology if plan.roles else _elastic_shape(plan.devices, job.record),
     )
 
 
-def _elastic_shape(nodes: int, devices: int, record: ResultRecord) -> Optional[str]:
+def _elastic_shape(devices: int, record: ResultRecord) -> Optional[str]:
     """An elastic job whose last run's world changed: ``3 -> 2 x 2``, ``3 -> 2 -> 3 x 2`` (the nodes of each world;
     after three changes, the first and the last: ``3 -> ... -> 2 x 2``)."""
     changes = [change for change in record.world_changes if change.restart == record.restarts]
     if not changes:
         return None
-    worlds = [nodes, *(change.nodes_after for change in changes)]
+    # its first world: fewer than the plan's nodes where SLURM gave fewer (--nodes=MIN-MAX)
+    worlds = [changes[0].nodes_before, *(change.nodes_after for change in changes)]
     shown = [str(count) for count in worlds] if len(worlds) <= 4 else [str(worlds[0]), "...", str(worlds[-1])]
     return f"{' -> '.join(shown)} x {devices}"
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from mmt.core.jobdir import Attempt, JobDir, read_json, write_atomic
+from mmt.planning.plan import JobPlan
 
 # done: training is over (every node of the last world ended well): a spare still waiting to join exits
 FORMING, RUNNING, DONE = "forming", "running", "done"
@@ -149,3 +150,24 @@ def read_changes(job_dir: JobDir) -> List[WorldChange]:
         if change is not None:
             found.append(change)
     return found
+
+
+def record_failure(attempt: Attempt, why: str) -> None:
+    """The coordinator: the world cannot form again (too few nodes left), and why, for the run's conclusion."""
+    write_atomic(attempt.world_failed, why.encode(), private=True)
+
+
+def read_failure(attempt: Attempt) -> Optional[str]:
+    try:
+        return attempt.world_failed.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def last_world_plan(plan: JobPlan, attempt: Attempt) -> JobPlan:
+    """An elastic job's plan for the world that ran last (its processes' records are that world's); any other
+    job's plan as it is."""
+    world = World.read(attempt) if plan.elastic is not None else None
+    if world is None or world.state == FORMING or len(world.slots) == plan.num_nodes:
+        return plan
+    return plan.at_world(len(world.slots), world.generation)

@@ -35,9 +35,7 @@ from mmt.backends.slurm.sbatch import (
     signal_delay_problem,
     task_command,
     tasks_per_node,
-    with_container,
-    with_het_components,
-    with_restart_loop,
+    with_mmt_lines,
 )
 from mmt.backends.slurm.task import (
     FRAMEWORK_PORT_BASE,
@@ -143,12 +141,37 @@ def _executor_class() -> Any:
                 if self.mmt_job is None:
                     return text
                 plan, target = self.mmt_job
-                text = with_container(text, plan, self.mmt_settings, target)
-                text = with_het_components(text, plan, self.mmt_settings, self.mmt_project_dir)
-                return with_restart_loop(text, plan, target)
+                return with_mmt_lines(text, plan, self.mmt_settings, self.mmt_project_dir, target)
 
         _EXECUTOR = SessionSlurmExecutor
     return _EXECUTOR
+
+
+def _elastic_problems(plan: JobPlan, settings: SlurmSettings) -> List[ConfigError]:
+    """An elastic job runs a node agent per node, each in a step of its own (``mmt.backends.slurm.elastic``)."""
+    if plan.elastic is None:
+        return []
+    if not settings.agent_per_node:
+        return [
+            ConfigError(
+                "hydra.launcher.tasks",
+                settings.tasks,
+                f"an elastic job (num_nodes={plan.elastic.label}) runs one node agent per node, which forks the "
+                "node's ranks again as its world changes",
+                "use hydra.launcher.tasks=per_node",
+            )
+        ]
+    if plan.image is not None and settings.container_runtime == "oci":
+        return [
+            ConfigError(
+                "hydra.launcher.container_runtime",
+                settings.container_runtime,
+                f"an elastic job (num_nodes={plan.elastic.label}) runs each node in a step of its own: its image "
+                "with pyxis or apptainer, not SLURM's OCI containers",
+                "use hydra.launcher.container_runtime=pyxis or apptainer",
+            )
+        ]
+    return []
 
 
 def _roles_problems(plan: JobPlan, settings: SlurmSettings) -> List[ConfigError]:
@@ -184,6 +207,7 @@ class SlurmBackend(ScheduledBackend[SlurmJob, SlurmSettings], name="slurm", sett
 
     # a job with roles: one heterogeneous job, a component per role (sbatch.with_het_components)
     runs_roles = True
+    runs_elastic = True
 
     def __init__(self, settings: SlurmSettings) -> None:
         super().__init__(settings)
@@ -192,7 +216,7 @@ class SlurmBackend(ScheduledBackend[SlurmJob, SlurmSettings], name="slurm", sett
     # ------------------------------------------------------------------------------------------ planning
 
     def problems(self, plan: JobPlan) -> List[ConfigError]:
-        found = _roles_problems(plan, self.settings)
+        found = _roles_problems(plan, self.settings) + _elastic_problems(plan, self.settings)
         if plan.framework == "tensorflow" and plan.processes_per_node > FRAMEWORK_PORT_WINDOW:
             found.append(
                 ConfigError(
@@ -327,7 +351,9 @@ class SlurmBackend(ScheduledBackend[SlurmJob, SlurmSettings], name="slurm", sett
                 TaskTarget(manifest=Path("<manifest>")),
                 self._after(submission),
             )
-            if submission.plan.roles:  # a heterogeneous job cannot be a job array's task: one sbatch each
+            # a heterogeneous job cannot be a job array's task, nor an elastic one (its coordinator runs in its
+            # batch script, for its own job): one sbatch each
+            if submission.plan.roles or submission.plan.elastic is not None:
                 key = f"{key}\n# {submission.plan.job_id}"
             groups.setdefault(key, []).append(submission)
         # MaxArraySize: indices below it (0: the site allows no job arrays); None when it cannot be asked
@@ -551,6 +577,7 @@ class SlurmBackend(ScheduledBackend[SlurmJob, SlurmSettings], name="slurm", sett
                     f"mmt: job {job.plan.num} (SLURM {job.job_id}){what} (restart {state.restarts}); it resumes in "
                     f"{job.plan.job_dir}"
                 )
+        self._note_world_changes(job)
         if self._completed(job, now):  # SLURM still runs the job's epilog for a second or more: nothing it changes
             return
         if (

@@ -15,6 +15,7 @@ from mmt.core.states import JobState
 from mmt.monitor.hangs import read_hang
 from mmt.planning.plan import JobPlan
 from mmt.records.outcome import JobOutcome, all_succeeded, first_failure, missing_result, running_detail
+from mmt.records.world import last_world_plan, read_failure
 
 
 def srun_failure(plan: JobPlan, stderr: Optional[Path]) -> Optional[RankFailure]:
@@ -76,13 +77,19 @@ def conclude(
     ``stopped_because``: the launcher cancelled the job, and why; ``batch_terminated_at``: when the batch script got
     SIGTERM (inside the job); ``lost``: the nodes SLURM holds lost now, of the run's ``hosts`` (node order)."""
     outcome = JobOutcome(JobState.COMPLETED, duration_s, scheduler_id=scheduler_id)
+    plan = last_world_plan(plan, attempt)  # an elastic job: its processes' records are its last world's
     if all_succeeded(plan, attempt):
+        return outcome
+    too_few = read_failure(attempt) if plan.elastic is not None else None
+    if too_few is not None and not stopped_because:  # its coordinator: the world could not form again
+        outcome.status, outcome.detail = JobState.FAILED, f"SLURM job {scheduler_id} {too_few}"
         return outcome
     hung = read_hang(attempt)
     if hung is not None and not stopped_because:  # its node agents stopped it: every rank's end follows from that
         outcome.status, outcome.detail = JobState.FAILED, hung
         return outcome
-    lost = lost_in_run(plan, attempt, lost, hosts)
+    # an elastic job's lost nodes were changes of its world, not its end
+    lost = lost_in_run(plan, attempt, lost, hosts) if plan.elastic is None else []
     if lost and not stopped_because:  # every other rank's end (SIGTERM, a broken collective) follows from that
         outcome.status = JobState.FAILED
         outcome.detail = lost_node_detail(plan, attempt, scheduler_id, lost, hosts)

@@ -371,6 +371,8 @@ def sbatch_parameters(
         # max_requeues=0: SLURM itself must not requeue the job either (scontrol requeue, a node failure)
         "additional_parameters": {
             "requeue" if settings.max_requeues else "no_requeue": True,
+            # an elastic job's allocation outlives a failed node: its coordinator forms the world again
+            **({"no_kill": True} if plan.elastic is not None else {}),
             # the jobs it runs after (hydra.launcher.after): a dependency that fails cancels it (never pends)
             **({"dependency": "afterok:" + ":".join(after), "kill_on_invalid_dep": "yes"} if after else {}),
             **dict(settings.sbatch_extra),
@@ -450,8 +452,7 @@ def render_script(
     command = task_command(plan, settings, project_dir, attempt)
     params = sbatch_parameters(plan, settings, project_dir, job_name, attempt, after)
     script = _make_sbatch_string(command=command, folder=folder, **params)
-    script = with_het_components(with_container(script, plan, settings, attempt), plan, settings, project_dir)
-    return with_restart_loop(script, plan, attempt)
+    return with_mmt_lines(script, plan, settings, project_dir, attempt)
 
 
 def with_het_components(script: str, plan: JobPlan, settings: SlurmSettings, project_dir: str) -> str:
@@ -542,6 +543,39 @@ def with_restart_loop(script: str, plan: JobPlan, attempt: Union[Attempt, TaskTa
         '(exit "$rc")',
     ]
     return "\n".join(lines)
+
+
+def with_elastic_coordinator(script: str, plan: JobPlan) -> str:
+    """An elastic job asks for MIN to MAX nodes (SLURM gives what it can), and its
+    batch script runs its coordinator (``mmt.backends.slurm.elastic``, by the launcher's interpreter, as the
+    conclusion) in place of the srun step of every node; it runs that srun line once per node. Unchanged for any
+    other job."""
+    if plan.elastic is None:
+        return script
+    # --nodes=MIN-MAX alone gets MIN (slurm-wlm 22.05): MAX tasks, one node's CPUs each (--overcommit: CPUs per
+    # node, not per task), get MAX nodes where they are free, and fewer where not
+    elastic = [
+        f"#SBATCH --nodes={plan.elastic.min_nodes}-{plan.elastic.max_nodes}",
+        f"#SBATCH --ntasks={plan.num_nodes}",
+        "#SBATCH --overcommit",
+    ]
+    head = [f"#SBATCH --nodes={plan.num_nodes}", "#SBATCH --ntasks-per-node=1"]
+    script = "\n".join(line for line in script.split("\n") if line not in head[1:])
+    script = script.replace(f"{head[0]}\n", "\n".join(elastic) + "\n", 1)
+    lines = script.split("\n")
+    at = next(index for index, line in enumerate(lines) if line.lstrip().startswith("srun "))
+    indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
+    lines[at] = f"{indent}{shlex.quote(sys.executable)} -u -m mmt.backends.slurm.elastic {lines[at].lstrip()}"
+    return "\n".join(lines)
+
+
+def with_mmt_lines(
+    script: str, plan: JobPlan, settings: SlurmSettings, project_dir: str, attempt: Union[Attempt, TaskTarget]
+) -> str:
+    """mmt's own lines around submitit's srun: the OCI container, the heterogeneous components, the restart loop,
+    an elastic job's coordinator."""
+    script = with_het_components(with_container(script, plan, settings, attempt), plan, settings, project_dir)
+    return with_elastic_coordinator(with_restart_loop(script, plan, attempt), plan)
 
 
 def job_name_for(name: str) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from mmt.agent.node import NodeRun, RoleWatch, role_watch
 from mmt.agent.node import run as run_node
 from mmt.agent.processes import ProcessSpec
+from mmt.backends.elastic import elastic_rank
 from mmt.backends.slurm import oci
 from mmt.backends.slurm.nodes import node_hosts, requeue_why
 from mmt.backends.slurm.sbatch import STARTED_VAR, own_job_id
@@ -89,9 +90,13 @@ def role_ports(job_id: str, role: int) -> Tuple[int, int]:
     return first, first + 1
 
 
-def master_port(job_id: str) -> int:
-    """A port every task of the job derives alike; different for concurrent jobs (ids differ)."""
-    return PORT_BASE + _job_number(job_id) % PORT_SPAN
+def master_port(job_id: str, generation: int = 0) -> int:
+    """A port every task of the job derives alike; different for concurrent jobs (ids differ). An elastic job's
+    later worlds (``generation``) each take another: far from the next job ids' (a prime step)."""
+    return PORT_BASE + (_job_number(job_id) + ELASTIC_PORT_STEP * generation) % PORT_SPAN
+
+
+ELASTIC_PORT_STEP = 1009
 
 
 def framework_port(job_id: str, index: int) -> int:
@@ -104,7 +109,7 @@ def framework_ports(plan: JobPlan, job_id: str) -> Tuple[int, ...]:
     return tuple(framework_port(job_id, index) for index in range(plan.framework_port_count))
 
 
-def _hold_or_report(port: int, name: str, attempt: Attempt, index: int, stack: contextlib.ExitStack) -> bool:
+def hold_or_report(port: int, name: str, attempt: Attempt, index: int, stack: contextlib.ExitStack) -> bool:
     """Hold ``port`` until ``stack`` closes; a port another process holds already fails the job now, naming it
     (an error record of process ``index``), instead of a rendezvous that waits for the time limit."""
     try:
@@ -127,7 +132,7 @@ def master_port_held(rendezvous: Rendezvous, attempt: Attempt, index: int, here:
     already fails the job now, naming it (an error record of process ``index``; the block gets False), instead of
     rank 0 failing to bind it later or its peers waiting for a store that never comes."""
     with contextlib.ExitStack() as stack:
-        yield not here or _hold_or_report(int(str(rendezvous.master_port)), "MASTER_PORT", attempt, index, stack)
+        yield not here or hold_or_report(int(str(rendezvous.master_port)), "MASTER_PORT", attempt, index, stack)
 
 
 @contextlib.contextmanager
@@ -142,7 +147,7 @@ def framework_ports_held(
         return f"worker {index}'s TF_CONFIG port" if plan.framework == "tensorflow" else "JAX's coordinator port"
 
     with contextlib.ExitStack() as stack:
-        yield all(_hold_or_report(int(str(rendezvous.framework_ports[i])), name(i), attempt, i, stack) for i in indices)
+        yield all(hold_or_report(int(str(rendezvous.framework_ports[i])), name(i), attempt, i, stack) for i in indices)
 
 
 def node_cores(cpus_on_node: Optional[str]) -> int:
@@ -211,7 +216,9 @@ class SlurmTask:
         keep: Mapping[str, str],
         rendezvous: Optional[Rendezvous] = None,
         sites: Optional[Mapping[str, RoleSite]] = None,
+        plan: Optional[JobPlan] = None,
     ) -> Dict[str, str]:
+        plan = plan or self.plan  # an elastic job's world's plan
         common: Dict[str, Any] = dict(
             inherited=os.environ,
             copied=self.copied_env,
@@ -226,11 +233,9 @@ class SlurmTask:
             roles_file = str(JobDir(Path(self.plan.job_dir)).roles_file)
             env = role_process_env(self.plan, index, sites=sites, roles_file=roles_file, **common)
         else:
-            env = process_env(
-                self.plan, self.plan.place(index), rendezvous=rendezvous or self._rendezvous(facts), **common
-            )
+            env = process_env(plan, plan.place(index), rendezvous=rendezvous or self._rendezvous(facts), **common)
         env.update(requeue_env(facts, self.attempt, self.max_requeues, index))
-        env.update(hangs.hang_env(self.plan, self.attempt, index))
+        env.update(hangs.hang_env(plan, self.attempt, index))
         return env
 
     @property
@@ -301,7 +306,7 @@ class SlurmTask:
             if node == role.first_node:
                 ports = ((site.rendezvous.master_port, "MASTER_PORT"), (site.port, "port"))
                 if not all(
-                    _hold_or_report(int(str(port)), f"role {role.name}'s {what}", self.attempt, first, stack)
+                    hold_or_report(int(str(port)), f"role {role.name}'s {what}", self.attempt, first, stack)
                     for port, what in ports
                 ):
                     return 1
@@ -317,40 +322,50 @@ class SlurmTask:
         sites: Optional[Mapping[str, RoleSite]] = None,
         watch: Optional[RoleWatch] = None,
     ) -> int:
+        return run_node(self.node_run(facts, node, rendezvous, sites=sites, watch=watch))
+
+    def node_run(
+        self,
+        facts: Dict[str, str],
+        node: int,
+        rendezvous: Rendezvous,
+        sites: Optional[Mapping[str, RoleSite]] = None,
+        watch: Optional[RoleWatch] = None,
+        plan: Optional[JobPlan] = None,
+    ) -> NodeRun:
+        """Node ``node``'s ranks (of ``plan``'s world: an elastic job's; default the job's), for its node agent."""
+        plan = plan or self.plan
         specs = []
-        for index in self.plan.node_indices(node):
+        for index in plan.node_indices(node):
             self.attempt.clear_process(index)  # a requeued job runs again in place
-            env = self._env(facts, index, {}, rendezvous, sites)
+            env = self._env(facts, index, {}, rendezvous, sites, plan)
             if self.oci_bundle is not None:
                 host = os.environ.get("SLURMD_NODENAME") or rendezvous.node_addrs[node]
                 argv = oci.rank_exec(Path(self.oci_bundle), host, facts["job_id"], os.environ.get("SLURM_CONF"))
                 env[MMT_CONTAINER_EXEC] = json.dumps(argv)
-            specs.append(
-                ProcessSpec(
-                    job_id=self.plan.job_id,
-                    index=index,
-                    node_rank=node,
-                    attempt_dir=self.attempt_dir,
-                    env=env,
-                    cwd=os.getcwd(),
-                    log=str(self.plan.log_path(index)),
-                )
-            )
-            Path(specs[-1].log).parent.mkdir(parents=True, exist_ok=True)
-        return run_node(
-            NodeRun(
-                job_id=self.plan.job_id,
+            spec = ProcessSpec(
+                job_id=plan.job_id,
+                index=index,
                 node_rank=node,
-                job_dir=self.plan.job_dir,
                 attempt_dir=self.attempt_dir,
-                kill_grace_s=self.kill_grace_s,
-                preload=self.plan.preload,
-                method=self.start_method,
-                processes=tuple(specs),
-                metrics_interval_s=self.plan.metrics_interval_s,
-                hang_plan=self.plan if self.plan.hang_timeout_s is not None else None,
-                role_watch=watch,
+                env=env,
+                cwd=os.getcwd(),
+                log=str(plan.log_path(index)),
             )
+            specs.append(spec if plan.elastic is None else elastic_rank(self.attempt, spec))
+            Path(spec.log).parent.mkdir(parents=True, exist_ok=True)
+        return NodeRun(
+            job_id=plan.job_id,
+            node_rank=node,
+            job_dir=plan.job_dir,
+            attempt_dir=self.attempt_dir,
+            kill_grace_s=self.kill_grace_s,
+            preload=plan.preload,
+            method=self.start_method,
+            processes=tuple(specs),
+            metrics_interval_s=plan.metrics_interval_s,
+            hang_plan=plan if plan.hang_timeout_s is not None else None,
+            role_watch=watch,
         )
 
     def _run_rank(self, facts: Dict[str, str]) -> int:
