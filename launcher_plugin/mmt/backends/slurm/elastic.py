@@ -110,6 +110,18 @@ def node_state(host: str) -> Tuple[str, str]:
     return fields.get("State", ""), fields.get("SlurmdStartTime", "")
 
 
+def node_step(srun: List[str], host: str, slot: int, spare: bool) -> List[str]:
+    """The job's srun line (``srun <options> <python> -u -m mmt.backends.slurm.task <task file>``) for node ``slot``
+    alone: one task on ``host``, its elastic node agent, its logs by slot (SLURM's ``%t`` is 0 in every one-task
+    step); a spare with ``--overlap``."""
+    head, *rest = srun
+    words = [head, "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--kill-on-bad-exit=0"]
+    words += ["--overlap"] if spare else []
+    words += [word.replace("%t", str(slot)) for word in rest[:-1] if not word.startswith("--kill-on-bad-exit")]
+    words = [NODE_MODULE if word == "mmt.backends.slurm.task" else word for word in words]
+    return [*words, rest[-1], str(slot), *(["--spare"] if spare else [])]
+
+
 def answers(state: str) -> bool:
     """A node SLURM can run a step on: not down, drained, failing or silent (``*``)."""
     return bool(state) and "*" not in state and not any(bad in state for bad in ("DOWN", "DRAIN", "FAIL", "NOT_RESP"))
@@ -169,15 +181,15 @@ class Coordinator:
                 self.job.spares.discard(slot)
                 self.lost[slot] = replace(step.spare_of, retry_at=time.monotonic() + RETRY_S)
                 continue
-            spare = slot in self.job.spares
-            self.lost[slot] = (
-                LostNode(node_state(self.hosts[slot])[1]) if not spare else self.lost.get(slot, LostNode(""))
-            )
+            if slot in self.job.spares:  # a spare that went after it started is given up, as on every backend
+                self.worlds.node_lost(self.job, slot)
+                continue
+            self.lost[slot] = LostNode(node_state(self.hosts[slot])[1])
             too_few = self.worlds.node_lost(self.job, slot)
             if too_few is not None:
                 record_failure(attempt, too_few)
                 return too_few
-            if not spare and self.job.change is not None:
+            if self.job.change is not None:
                 self._say(self.job.change.describe())
         failure = self.worlds.tick(self.job)
         if failure is None and self.lost and self.job.alive and time.monotonic() - self.probed >= PROBE_S:
@@ -196,19 +208,13 @@ class Coordinator:
                 del self.lost[slot]
                 self.worlds.node_back(self.job, slot)
                 self.steps[slot] = NodeStep(slot, self._srun(slot, spare=True), spare_of=lost)
-                self._say(f"node {slot} ({self.hosts[slot]}) is back: it joins the world after the next checkpoint")
+                self._say(f"node {slot} ({self.hosts[slot]}) is back; it joins the world after the next checkpoint")
 
     def _srun(self, slot: int, spare: bool) -> "subprocess.Popen[bytes]":
         """The job's srun line for node ``slot`` alone: one task there, its agent (a spare: ``--overlap``, since
         the step that died with the node stays on record)."""
         self.task.attempt.node_alive(slot).unlink(missing_ok=True)
-        head, *rest = self.srun
-        words = [head, "--nodes=1", "--ntasks=1", f"--nodelist={self.hosts[slot]}", "--kill-on-bad-exit=0"]
-        words += ["--overlap"] if spare else []
-        words += [word.replace("%t", str(slot)) for word in rest[:-1] if not word.startswith("--kill-on-bad-exit")]
-        words = [NODE_MODULE if word == "mmt.backends.slurm.task" else word for word in words]
-        words += [rest[-1], str(slot), *(["--spare"] if spare else [])]
-        return subprocess.Popen(words, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(node_step(self.srun, self.hosts[slot], slot, spare), stdin=subprocess.DEVNULL)
 
     def _stop_all(self) -> None:
         """Every step's agent told to stop its ranks (SIGTERM, which srun passes on); killed after STOP_S."""
