@@ -8,23 +8,13 @@ runs and no node actor is alive (test_ray.py's fixture)."""
 
 import subprocess
 import time
-from pathlib import Path
 
 from e2e.test_elastic import forked_since, last_step, launch
 from e2e.test_ray import _cluster, on_ray, placement  # noqa: F401 - fixture
 from e2e.test_ray_faults import CLUSTER, _worker_of, lose_node  # noqa: F401 - fixture
 from helpers.app import results
-from helpers.elastic import agent_pid, attempt_of, world_changes
+from helpers.elastic import agent_pid, assert_shrank_and_grew_back, attempt_of, training_after, world_changes
 from helpers.processes import wait_gone, wait_until
-
-
-def _training_after(job: Path, generation: int) -> dict:
-    """World change ``generation`` once its world trains (its rank 0's first step)."""
-    return wait_until(
-        lambda: next((c for c in world_changes(job) if c["generation"] == generation and c.get("training_at")), None),
-        240,
-        f"training in world {generation}",
-    )
 
 
 def test_a_lost_ray_node_costs_that_node_and_the_node_back_joins_after_the_next_checkpoint(tmp_path, tag, lose_node):  # noqa: F811 - fixture
@@ -38,7 +28,7 @@ def test_a_lost_ray_node_costs_that_node_and_the_node_back_joins_after_the_next_
         survivors = {slot: agent_pid(attempt, slot) for slot in (0, 1)}
         lost_at = time.time()
         lose_node(nodes[2]["ip"])
-        shrunk = _training_after(job, 1)
+        shrunk = training_after(job, 1)
         # the surviving agents are the same processes; the new world's ranks are their children, forked from their
         # warm interpreters (no second import of torch)
         for slot, pid in survivors.items():
@@ -46,7 +36,7 @@ def test_a_lost_ray_node_costs_that_node_and_the_node_back_joins_after_the_next_
             assert len(forked_since(pid, shrunk["formed_at"] - 1.0)) == 2, (slot, pid)
         # the worker comes back: the lost node's bundle is placed on it again, and a spare there joins the world
         subprocess.run([str(CLUSTER), "revive-node", _worker_of(nodes[2]["ip"])], check=True, timeout=180)
-        grown = _training_after(job, 2)
+        grown = training_after(job, 2)
         back = agent_pid(attempt, 2)
         assert len(forked_since(back, grown["formed_at"] - 1.0)) == 2
         assert grown["at"] >= (attempt / "world.ready.2").stat().st_mtime  # it joined once it was ready
@@ -57,27 +47,8 @@ def test_a_lost_ray_node_costs_that_node_and_the_node_back_joins_after_the_next_
         launcher.kill()
     assert launcher.returncode == 0, out[-4000:]
     (result,) = results(tmp_path)
-    assert result["status"] == "COMPLETED", result
-    value = result["return_value"]
-    assert value["steps"] == 90 and value["world_size"] == 6 and value["resumed_from_checkpoint"] is True
-    assert value["global_batch_size"] == 48 and (value["micro_batch_size"], value["grad_accum"]) == (8, 1)
-    assert value["weights_in_sync"] is True and len(value["weight_digests"]) == 6
-    assert len(set(value["weight_digests"])) == 1
-    shrunk, grown = result["world_changes"]
-    assert (shrunk["lost"], shrunk["joined"]) == ([2], [])
-    assert (shrunk["nodes_before"], shrunk["nodes_after"], shrunk["world_before"], shrunk["world_after"]) == (
-        3,
-        2,
-        6,
-        4,
-    )
-    assert shrunk["batch_before"].startswith("global 48 = 6 ranks x micro 8")
-    assert shrunk["batch_after"].startswith("global 48 = 4 ranks x micro 12")
+    shrunk, _ = assert_shrank_and_grew_back(result, out)
     assert 0 < shrunk["at"] - lost_at < 20, shrunk  # Ray's health checks: about 3 s here
-    assert (grown["generation"], grown["lost"], grown["joined"], grown["world_after"]) == (2, [], [2], 6)
-    assert "world 1: lost node 2: 3 -> 2 nodes, 6 -> 4 ranks" in out, out[-4000:]
-    assert "world 2: node 2 joined: 2 -> 3 nodes, 4 -> 6 ranks" in out
-    assert "COMPLETED  3 -> 2 -> 3 x 2" in out
     assert wait_gone(tag, timeout_s=15) == []
 
 

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Set, Tuple
 
+from mmt.agent.node import NodeRun
 from mmt.agent.processes import ProcessSpec
 from mmt.core.jobdir import Attempt
 from mmt.core.rank_env import MMT_CHECKPOINT_MARK
@@ -93,6 +94,21 @@ def elastic_rank(attempt: Attempt, spec: ProcessSpec) -> ProcessSpec:
     rank 0's first beat in a new world is its first training step (the change's ``to_training_s``)."""
     mark = {MMT_CHECKPOINT_MARK: str(attempt.checkpoint_mark)}
     return replace(spec, env={HEARTBEAT_VAR: str(attempt.heartbeat_file(spec.index)), **spec.env, **mark})
+
+
+def spare_run(plan: JobPlan, attempt_dir: str, slot: int, kill_grace_s: float, start_method: str) -> NodeRun:
+    """What a node back after it was lost starts its agent with: no ranks until a world has it."""
+    return NodeRun(
+        job_id=plan.job_id,
+        node_rank=slot,
+        job_dir=plan.job_dir,
+        attempt_dir=attempt_dir,
+        kill_grace_s=kill_grace_s,
+        preload=plan.preload,
+        method=start_method,
+        processes=(),
+        metrics_interval_s=plan.metrics_interval_s,
+    )
 
 
 class WorldCoordinator:

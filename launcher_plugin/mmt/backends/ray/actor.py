@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from mmt.agent.node import NodeRun, node_run
-from mmt.backends.elastic import elastic_rank
+from mmt.backends.elastic import elastic_rank, spare_run
 from mmt.backends.ray.task import RayTask
 from mmt.core import timeline
 from mmt.core.jobdir import write_atomic
@@ -133,17 +133,7 @@ class NodeActor:
         """An elastic job's node back after it was lost (its bundle placed again): its agent imports the preload,
         says it is ready and waits to join the next world; its exit code, as :meth:`run`'s."""
         task = self.task
-        spare = NodeRun(
-            job_id=task.plan.job_id,
-            node_rank=self.node,
-            job_dir=task.plan.job_dir,
-            attempt_dir=str(task.attempt.dir),
-            kill_grace_s=task.kill_grace_s,
-            preload=task.plan.preload,
-            method=task.start_method,
-            processes=(),
-            metrics_interval_s=task.plan.metrics_interval_s,
-        )
+        spare = spare_run(task.plan, str(task.attempt.dir), self.node, task.kill_grace_s, task.start_method)
         return self._run_agent(spare, ("--elastic", "--spare"))
 
     def hold_world_port(self) -> int:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 from mmt.backends.elastic import ElasticJob, WorldCoordinator, first_world
-from mmt.backends.slurm.nodes import node_hosts
+from mmt.backends.slurm.nodes import held_lost, node_hosts
 from mmt.backends.slurm.task import SlurmTask, master_port
 from mmt.core.jobdir import Attempt
 from mmt.core.rank_env import MMT_RESTART_COUNT
@@ -49,7 +49,7 @@ NODE_MODULE = "mmt.backends.slurm.elastic_node"
 
 
 @dataclass(frozen=True)
-class LostNode:
+class LostSlot:
     """A node lost from the world: when its slurmd had started (it comes back once that changes), and when to try it
     again after a step on it failed at once."""
 
@@ -63,7 +63,7 @@ class NodeStep:
 
     slot: int
     process: "subprocess.Popen[bytes]"
-    spare_of: Optional[LostNode] = None  # a node back: how it was lost (a step refused at once is tried again)
+    spare_of: Optional[LostSlot] = None  # a node back: how it was lost (a step refused at once is tried again)
     started: float = field(default_factory=time.monotonic)
     beat: Optional[float] = None  # the heartbeat file's last mtime seen
     beat_seen: Optional[float] = None  # when it last changed (monotonic: the node's clock may differ)
@@ -123,8 +123,8 @@ def node_step(srun: List[str], host: str, slot: int, spare: bool) -> List[str]:
 
 
 def answers(state: str) -> bool:
-    """A node SLURM can run a step on: not down, drained, failing or silent (``*``)."""
-    return bool(state) and "*" not in state and not any(bad in state for bad in ("DOWN", "DRAIN", "FAIL", "NOT_RESP"))
+    """A node back for a step: SLURM does not hold it lost, nor has an admin drained it."""
+    return bool(state) and not held_lost(state) and "DRAIN" not in state.upper()
 
 
 class Coordinator:
@@ -139,7 +139,7 @@ class Coordinator:
         self.job = first_world(plan, task.attempt, master_port(self.job_id), cwd=os.getcwd(), restart=restart)
         self.worlds = SlurmWorlds(self.job_id)
         self.steps: Dict[int, NodeStep] = {}
-        self.lost: Dict[int, LostNode] = {}  # lost slots, until they come back
+        self.lost: Dict[int, LostSlot] = {}  # lost slots, until they come back
         self.probed = 0.0
         self.stopping = False
 
@@ -184,7 +184,7 @@ class Coordinator:
             if slot in self.job.spares:  # a spare that went after it started is given up, as on every backend
                 self.worlds.node_lost(self.job, slot)
                 continue
-            self.lost[slot] = LostNode(node_state(self.hosts[slot])[1])
+            self.lost[slot] = LostSlot(node_state(self.hosts[slot])[1])
             too_few = self.worlds.node_lost(self.job, slot)
             if too_few is not None:
                 record_failure(attempt, too_few)

@@ -20,6 +20,7 @@ from typing import List
 
 from mmt.agent.elastic import run_elastic
 from mmt.agent.node import NodeRun
+from mmt.backends.elastic import spare_run
 from mmt.backends.slurm.nodes import node_hosts
 from mmt.backends.slurm.task import SLURM_ENV, SlurmTask, hold_or_report, master_port
 from mmt.core import timeline
@@ -58,7 +59,7 @@ def run(task: SlurmTask, slot: int, spare: bool = False) -> int:
 
         try:
             if spare:  # no ranks until a world has it
-                first = _no_ranks(task, slot)
+                first = spare_run(task.plan, task.attempt_dir, slot, task.kill_grace_s, task.start_method)
             else:
                 world = World.read(attempt)
                 assert world is not None, "the coordinator writes world 0 before it starts the nodes"
@@ -67,20 +68,6 @@ def run(task: SlurmTask, slot: int, spare: bool = False) -> int:
         finally:
             stop.set()
     return code
-
-
-def _no_ranks(task: SlurmTask, slot: int) -> NodeRun:
-    return NodeRun(
-        job_id=task.plan.job_id,
-        node_rank=slot,
-        job_dir=task.plan.job_dir,
-        attempt_dir=task.attempt_dir,
-        kill_grace_s=task.kill_grace_s,
-        preload=task.plan.preload,
-        method=task.start_method,
-        processes=(),
-        metrics_interval_s=task.plan.metrics_interval_s,
-    )
 
 
 def _beat(path: Path, stop: threading.Event) -> None:

@@ -68,9 +68,11 @@ class LostNode:
         return f"{self.name} ({why.lower()}{when})"
 
 
-def _lost(state: str) -> bool:
-    base = state.rstrip("*~#!%$@^-+").lower()
-    return state.endswith("*") or base.startswith(("down", "fail"))
+def held_lost(state: str) -> bool:
+    """Does SLURM hold a node in ``state`` lost: down, failed, or not responding? Either spelling: sinfo's long
+    state (``idle*``, ``down*``), or scontrol's (``IDLE+NOT_RESPONDING``, ``DOWN+NOT_RESPONDING``)."""
+    flags = state.rstrip("*~#!%$@^-+").lower().split("+")  # scontrol: the base state, then its flags
+    return state.endswith("*") or any(flag.startswith(("down", "fail", "not_responding")) for flag in flags)
 
 
 def parse_sinfo_nodes(out: str) -> List[LostNode]:
@@ -78,7 +80,7 @@ def parse_sinfo_nodes(out: str) -> List[LostNode]:
     found: Dict[str, LostNode] = {}
     for line in out.splitlines():
         parts = [part.strip() for part in line.split("|")]
-        if len(parts) >= 2 and parts[0] and _lost(parts[1]):
+        if len(parts) >= 2 and parts[0] and held_lost(parts[1]):
             since = parts[3] if len(parts) > 3 and parts[3] not in ("", "Unknown") else None
             found.setdefault(parts[0], LostNode(parts[0], parts[1], parts[2] if len(parts) > 2 else "", since))
     return list(found.values())
