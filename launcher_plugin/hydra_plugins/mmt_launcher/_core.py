@@ -13,7 +13,7 @@ the same way; the launcher classes stay thin, so plugin discovery imports none o
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from omegaconf import DictConfig, OmegaConf
@@ -139,29 +139,8 @@ def _launch(
     up_front = OmegaConf.select(config, "hydra.sweeper._target_") == BASIC_SWEEPER
     # Hydra wrote the sweep's record (multirun.yaml) before calling us: the env values in it go, whatever follows
     _protect_multirun_yaml(sweep_dir, _secret_names(config, job_overrides))
-    prepare.warm_up(backend, config)  # again, should the agent have gone since the last batch
-    jobs: Dict[int, prepare.HydraJob] = {}
-    refused: Dict[int, InvalidJobError] = {}
-    singleton_state = prepare.hydra_state()  # the same for every job of the batch
-    for i, overrides in enumerate(job_overrides):
-        num = initial_job_idx + i
-        try:
-            job = prepare.prepare_job(
-                hydra_context=context,
-                master=config,
-                task_function=launcher.task_function,
-                backend=backend,
-                overrides=overrides,
-                num=num,
-                singleton_state=singleton_state,
-            )
-            if not job.prepared.plan.dry_run:
-                engine.refuse_unrunnable(backend, [job.prepared.plan])
-            jobs[num] = job
-        except ConfigError as exc:
-            if up_front:
-                raise  # the whole grid is known: refuse it before anything starts
-            refused[num] = InvalidJobError(f"job {num}", str(exc))
+    prepare.warm_up(backend, config, launcher.snapshot)  # again, should the agent have gone since the last batch
+    jobs, refused = _prepare_batch(launcher, job_overrides, initial_job_idx, up_front)
     settings = replace(SessionSettings.of(config.hydra.launcher, sweep_dir), plot_awaited_at_exit=True)  # a next batch
     if settings.detach and not up_front and not any(job.prepared.plan.dry_run for job in jobs.values()):
         sweeper = OmegaConf.select(config, "hydra.sweeper._target_")
@@ -208,6 +187,38 @@ def _launch(
     if report.interrupted_by is not None:
         sys.exit(128 + report.interrupted_by)
     return returns
+
+
+def _prepare_batch(
+    launcher: "MMTLauncher", job_overrides: Sequence[Sequence[str]], initial_job_idx: int, up_front: bool
+) -> Tuple[Dict[int, prepare.HydraJob], Dict[int, InvalidJobError]]:
+    """Each job of the batch prepared (composed, planned, packed with the launch's snapshot), or refused: the whole
+    grid at once when the sweeper planned it up front, else that trial alone."""
+    assert launcher.config is not None and launcher.hydra_context is not None and launcher.backend is not None
+    jobs: Dict[int, prepare.HydraJob] = {}
+    refused: Dict[int, InvalidJobError] = {}
+    singleton_state = prepare.hydra_state()  # the same for every job of the batch
+    for i, overrides in enumerate(job_overrides):
+        num = initial_job_idx + i
+        try:
+            job = prepare.prepare_job(
+                hydra_context=launcher.hydra_context,
+                master=launcher.config,
+                task_function=launcher.task_function,
+                backend=launcher.backend,
+                overrides=overrides,
+                num=num,
+                singleton_state=singleton_state,
+                snapshot=launcher.snapshot.snapshot if launcher.snapshot is not None else None,
+            )
+            if not job.prepared.plan.dry_run:
+                engine.refuse_unrunnable(launcher.backend, [job.prepared.plan])
+            jobs[num] = job
+        except ConfigError as exc:
+            if up_front:
+                raise  # the whole grid is known: refuse it before anything starts
+            refused[num] = InvalidJobError(f"job {num}", str(exc))
+    return jobs, refused
 
 
 def _detached(

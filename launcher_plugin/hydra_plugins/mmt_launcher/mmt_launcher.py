@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 if TYPE_CHECKING:  # the engine is imported lazily (plugin discovery stays light)
     from mmt.backends.base import Backend
+    from mmt.launching.snapshot import LaunchSnapshot
 
 
 class MMTLauncher(Launcher):
@@ -28,6 +29,7 @@ class MMTLauncher(Launcher):
         self.task_function: Optional[TaskFunction] = None
         self.hydra_context: Optional[HydraContext] = None
         self.backend: Optional["Backend[Any]"] = None
+        self.snapshot: Optional["LaunchSnapshot"] = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         from mmt.launching import prepare
@@ -45,8 +47,12 @@ class MMTLauncher(Launcher):
         # the agent lives as long as this launcher: every batch of the sweep, then it goes (at the latest, with the
         # process; an app that launches in-process again gets a new launcher and a new agent)
         weakref.finalize(self, self.backend.close)
+        # the code every job of the launch runs, copied once now: an edit after this line reaches no job
+        self.snapshot = prepare.take_snapshot(config, task_function)
+        if self.snapshot is not None:  # a launch refused before any job opened leaves no snapshot behind
+            weakref.finalize(self, self.snapshot.discard_if_unused)
         # the agent's interpreter starts now, while the sweeper checks the batch
-        prepare.warm_up(self.backend, config)
+        prepare.warm_up(self.backend, config, self.snapshot)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from hydra_plugins.mmt_launcher import _core

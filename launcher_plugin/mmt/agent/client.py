@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from mmt.agent import protocol
 from mmt.agent.processes import ProcessSpec
 from mmt.agent.server import StartJob
+from mmt.core.snapshot import CodeSnapshot, activate
 
 
 class AgentGone(RuntimeError):
@@ -25,10 +26,11 @@ class AgentGone(RuntimeError):
 
 
 class AgentClient:
-    def __init__(self, method: str, preload: Sequence[str] = ()) -> None:
-        """``preload``: modules the agent imports as soon as it starts, before any job asks for them."""
+    def __init__(self, method: str, preload: Sequence[str] = (), snapshot: Optional[CodeSnapshot] = None) -> None:
+        """``preload``: modules the agent imports as soon as it starts, before any job asks for them, from the
+        launch's ``snapshot`` of the project when it has one."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.process = AgentProcess.fork(theirs, method, tuple(preload))
+        self.process = AgentProcess.fork(theirs, method, tuple(preload), snapshot)
         theirs.close()
         self.sock = ours
 
@@ -95,7 +97,9 @@ class AgentProcess:
         self.returncode: Optional[int] = None
 
     @classmethod
-    def fork(cls, sock: socket.socket, method: str, preload: Sequence[str]) -> "AgentProcess":
+    def fork(
+        cls, sock: socket.socket, method: str, preload: Sequence[str], snapshot: Optional[CodeSnapshot] = None
+    ) -> "AgentProcess":
         parent = os.getpid()
         for stream in (sys.stdout, sys.stderr):  # nothing of the launcher's buffered output is copied into the child
             try:
@@ -104,7 +108,7 @@ class AgentProcess:
                 pass
         pid = os.fork()
         if pid == 0:
-            _become_agent(sock.fileno(), parent, method, preload)  # never returns
+            _become_agent(sock.fileno(), parent, method, preload, snapshot)  # never returns
         return cls(pid)
 
     def poll(self) -> Optional[int]:
@@ -137,7 +141,7 @@ class AgentProcess:
                 pass
 
 
-def _become_agent(fd: int, parent: int, method: str, preload: Sequence[str]) -> None:
+def _become_agent(fd: int, parent: int, method: str, preload: Sequence[str], snapshot: Optional[CodeSnapshot]) -> None:
     """The forked child: shed the launcher's state, then run the agent until it exits (always ``os._exit``)."""
     code = 70
     try:
@@ -157,6 +161,7 @@ def _become_agent(fd: int, parent: int, method: str, preload: Sequence[str]) -> 
         args = [str(keep), str(parent), method, *preload]
         sys.argv = [server.__file__, *args]
         _retitle([sys.executable, "-m", server.__name__, *args])
+        activate(snapshot)  # the preload, and every rank forked after, import the launch's copy of the project
         server.main(args)
         code = 0
     except BaseException:  # noqa: BLE001 - the child must never return into the launcher's code

@@ -21,6 +21,7 @@ from mmt.agent.metrics import JobMetrics
 from mmt.agent.processes import ProcessSpec, Spawner
 from mmt.core import preemption, proctree, timeline
 from mmt.core.jobdir import Attempt, JobDir
+from mmt.core.snapshot import CodeSnapshot
 from mmt.monitor import hangs
 from mmt.planning.environment import PythonEnvironment, Rendezvous, RoleSite, process_env, role_process_env
 from mmt.planning.plan import JobPlan
@@ -46,6 +47,8 @@ class NodeRun:
     hang_plan: Optional[JobPlan] = None
     # a node of a non-primary role: when its role ends (the primary's end), and what an earlier end of its own means
     role_watch: Optional["RoleWatch"] = None
+    # the launch's copy of the project: the agent imports the preload from it, and its ranks the job's code
+    snapshot: Optional[CodeSnapshot] = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ def node_run(
         metrics_interval_s=plan.metrics_interval_s,
         hang_plan=plan if plan.hang_timeout_s is not None else None,
         role_watch=role_watch(plan, node),
+        snapshot=plan.snapshot,
     )
 
 
@@ -159,7 +163,7 @@ class NodeAgent:
         signal.signal(preemption.REQUEUE_SIGNAL, self._on_requeue)
         # Hydra's plugin registry once here only for two ranks or more: a node of one (a sweep's 1 x 1 job) pays
         # less for the few plugin modules its rank's payload names
-        self.spawner.preload(node.preload, hydra_plugins=len(node.processes) > 1)
+        self.spawner.preload(node.preload, hydra_plugins=len(node.processes) > 1, snapshot=node.snapshot)
         timeline.mark_at(self.attempt.timeline, timeline.AGENT_READY, node=node.node_rank)
 
     def _on_terminate(self, signum: int, _frame: object) -> None:

@@ -16,10 +16,11 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, Set, Tuple
+from typing import Dict, Iterable, Optional, Set, Tuple
 
 from mmt.core import proctree
 from mmt.core.jobdir import Attempt, open_for_append
+from mmt.core.snapshot import CodeSnapshot, activate
 from mmt.records.schema import ErrorRecord
 
 # what every worker imports anyway, so a forked rank finds it loaded (cheap next to torch)
@@ -51,9 +52,13 @@ class Spawner:
         self.imported: Set[str] = set()
         self.discovered = False
 
-    def preload(self, modules: Iterable[str], hydra_plugins: bool = True) -> None:
+    def preload(
+        self, modules: Iterable[str], hydra_plugins: bool = True, snapshot: Optional[CodeSnapshot] = None
+    ) -> None:
         """Import ``modules`` (and mmt's worker) here, once, for every rank forked after; with ``hydra_plugins``,
-        Hydra's plugin registry too."""
+        Hydra's plugin registry too. ``snapshot``: the launch's copy of the project, which they are imported from
+        (and every rank's imports after)."""
+        activate(snapshot)
         if self.method != "fork":
             return
         if hydra_plugins and not self.discovered:

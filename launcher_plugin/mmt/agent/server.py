@@ -25,6 +25,7 @@ from mmt.agent.metrics import JobMetrics
 from mmt.agent.processes import ProcessSpec, Spawner
 from mmt.core import proctree, timeline
 from mmt.core.jobdir import Attempt
+from mmt.core.snapshot import CodeSnapshot
 
 _TICK_S = 0.05
 
@@ -46,6 +47,8 @@ class StartJob:
     node_agents: bool = False
     # one failed process stops the others; not for an elastic job's node agents (the backend decides)
     fail_fast: bool = True
+    # the launch's copy of the project, which the preload and the ranks import from
+    snapshot: Optional[CodeSnapshot] = None
 
 
 class HostAgent:
@@ -115,7 +118,7 @@ class HostAgent:
             timeline.mark_at(path, timeline.TASK_START, timeline.process_start_time(), node="host")
         self.jobs_started += 1
         timeline.mark_at(path, timeline.AGENT_START, node="host")
-        self.spawner.preload(request.preload)
+        self.spawner.preload(request.preload, snapshot=request.snapshot)
         timeline.mark_at(path, timeline.AGENT_READY, node="host")
         for spec in request.processes:
             self.add(job, spec)

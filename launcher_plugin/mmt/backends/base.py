@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from mmt.core.errors import ConfigError, NotCarriedOut
 from mmt.core.jobdir import Attempt
+from mmt.core.snapshot import CodeSnapshot
 from mmt.core.states import JobState
 from mmt.planning.plan import JobPlan, Limits
 from mmt.records.outcome import JobOutcome
@@ -217,9 +218,10 @@ class Backend(JobTracker[H]):
     # whether warm_up starts anything (the local host agent): the front end then works out what it may preload
     warms_up: ClassVar[bool] = False
 
-    def warm_up(self, preload: Sequence[str] = ()) -> None:
+    def warm_up(self, preload: Sequence[str] = (), snapshot: Optional[CodeSnapshot] = None) -> None:
         """Get ready to start jobs (the local host agent), while the front end is still composing them; ``preload``:
-        what the jobs will most likely import first (the launch's recipe's preload), to import it meanwhile."""
+        what the jobs will most likely import first (the launch's recipe's preload), to import it meanwhile, from
+        the launch's ``snapshot`` of the project."""
 
     def owner_active(self, owner: OwnerRecord) -> bool:
         """Whether the launch recorded in a job dir's owner.json still runs, its launcher gone (a SLURM job)."""

@@ -108,6 +108,7 @@ def spare_run(plan: JobPlan, attempt_dir: str, slot: int, kill_grace_s: float, s
         method=start_method,
         processes=(),
         metrics_interval_s=plan.metrics_interval_s,
+        snapshot=plan.snapshot,
     )
 
 

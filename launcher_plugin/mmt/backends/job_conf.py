@@ -101,3 +101,8 @@ class JobConf:
     # most jobs of the launch running at once (SLURM: %N on its job arrays; local: beside max_parallel_ranks);
     # null = no limit
     max_parallel_jobs: Optional[int] = None
+    # the code every job runs: the project that holds the app, copied once per launch before the first job is
+    # submitted, so an edit after the launch reaches no job (a queued one, a restart, a requeue). {enabled,
+    # exclude (globs), max_mb, dir (the store; null = $MMT_HOME/snapshots)}; false = the live tree
+    # (docs/snapshots.md). Typed Any: mmt's own check names a bad value in one line
+    snapshot: Any = field(default_factory=lambda: {"enabled": True, "exclude": [], "max_mb": 200, "dir": None})

@@ -426,6 +426,11 @@ def _inspect(args: argparse.Namespace) -> int:
         described = WorldChange.of(change)
         if described is not None:
             print(f"world {change['generation']:<7} {described.describe().split(': ', 1)[1]}")
+    code = facts["snapshot"]
+    if code is not None:
+        commit = f"commit {code['commit']}" if code["commit"] else "no git"
+        dirty = " + uncommitted changes (snapshot.diff)" if code["dirty"] else ""
+        print(f"code          snapshot {code['id']} of {code['source']} ({commit}{dirty}) in {code['dir']}")
     result = record.result_record()
     if result is not None and result.error:
         print("error         " + result.error)
@@ -502,6 +507,7 @@ def _wait(args: argparse.Namespace) -> int:
 
 def _delete(args: argparse.Namespace) -> int:
     from mmt.core.states import JobState
+    from mmt.records import snapshot_use
     from mmt.records.registry import Registry
     from mmt.service.status import refresh
 
@@ -510,7 +516,10 @@ def _delete(args: argparse.Namespace) -> int:
     if not JobState(record.state).final:
         raise MMTError(f"{args.name} is {record.state}. HINT: mmt stop {args.name} first")
     registry.delete(args.name)
+    removed = snapshot_use.forget(record.job_dir, record.job_id)
     print(f"mmt: {args.name} forgotten (its files stay in {record.job_dir})")
+    if removed is not None:
+        print(f"mmt: snapshot {removed} removed: no job runs from it any more")
     return 0
 
 

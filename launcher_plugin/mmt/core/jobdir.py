@@ -163,6 +163,16 @@ class JobDir:
         """An elastic job: every time its world formed again (``mmt.records.world.WorldChange``, a line each)."""
         return self.root / "world.jsonl"
 
+    @property
+    def snapshot(self) -> Path:
+        """The code the job runs: its launch's snapshot (id, commit, dirty, source, dir), written when it opens."""
+        return self.root / "snapshot.json"
+
+    @property
+    def snapshot_diff(self) -> Path:
+        """The launch's uncommitted changes against its commit (owner-only; absent when the tree was clean)."""
+        return self.root / "snapshot.diff"
+
     def role_log(self, role: str, node_rank: int, rank: int, per_node: bool) -> Path:
         """A process of a job with roles: ``logs/<role>/node<n>.rank<r>.log``, in its role's own numbering."""
         return self.logs / role / process_log_name(node_rank, rank, per_node)

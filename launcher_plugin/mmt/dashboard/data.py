@@ -516,8 +516,18 @@ def job_detail(job_id: str, root: Path) -> dict[str, Any]:
             "return_value": result.return_value if result else None,
             # the runs that failed and were restarted, each with its failure and duration (hydra.launcher.max_restarts)
             "earlier_runs": result.earlier_runs if result else [],
+            # the code it runs: its launch's snapshot (id, commit, dirty, source, dir); None: the live tree
+            "code": code_view(root),
         }
     )
+
+
+def code_view(root: Path) -> dict[str, Any] | None:
+    """The job's ``snapshot.json``, the fields the page shows (a view: whatever is there, never refused)."""
+    data = read_json(root, JobDir(root).snapshot.name)
+    if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+        return None
+    return {key: data.get(key) for key in ("id", "commit", "dirty", "source", "dir")}
 
 
 # ------------------------------------------------------------------------------------------------------- logs

@@ -10,7 +10,7 @@ will preload, the sweep dir checked and claimed). What a launch does with prepar
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Tuple
 
@@ -25,8 +25,11 @@ from mmt.backends.registry import UnknownBackendError, backend_class
 from mmt.backends.registry import names as backend_names
 from mmt.core import launch_id
 from mmt.core.errors import ConfigError
+from mmt.core.snapshot import CodeSnapshot
+from mmt.launching import snapshot as code_snapshot
 from mmt.launching.compose_once import ComposeOnce, compose_job
 from mmt.launching.jobs import PreparedJob
+from mmt.launching.snapshot import LaunchSnapshot
 from mmt.planning import validate as check
 from mmt.planning.conflicts import check_strategies
 from mmt.planning.plan import JobPlan, plan_job
@@ -64,11 +67,17 @@ _PRELOAD_GROUPS = ("recipe", "cluster", "hydra/launcher")
 _PRELOAD_VALUES = ("command", "image", "hydra.launcher.preload", "hydra.launcher.command", "hydra.launcher.image")
 
 
-def warm_up(backend: Backend[Any], config: DictConfig) -> None:
+def warm_up(backend: Backend[Any], config: DictConfig, snapshot: Optional[LaunchSnapshot] = None) -> None:
     """Start what every launch needs (the host agent) before it is needed, importing the launch's preload meanwhile
-    (the master config's, unless the sweep varies what decides it: then the first job's start imports it)."""
+    (the master config's, unless the sweep varies what decides it: then the first job's start imports it), from the
+    launch's snapshot of the project."""
     if backend.warms_up and not OmegaConf.select(config, "hydra.launcher.dry_run"):
-        backend.warm_up(expected_preload(config))
+        backend.warm_up(expected_preload(config), snapshot.snapshot if snapshot is not None else None)
+
+
+def take_snapshot(config: DictConfig, task_function: Any) -> Optional[LaunchSnapshot]:
+    """The launch's snapshot of the project (None: off, or an installed app); a dry run's is identified only."""
+    return code_snapshot.take(config, task_function, dry_run=bool(OmegaConf.select(config, "hydra.launcher.dry_run")))
 
 
 def host_preload(plan: JobPlan) -> Tuple[str, ...]:
@@ -187,12 +196,13 @@ def prepare_job(
     name: Optional[str] = None,
     amend: Optional[Callable[[DictConfig], None]] = None,
     singleton_state: Any = None,
+    snapshot: Optional[CodeSnapshot] = None,
 ) -> HydraJob:
     """Compose one job's config from the sweep's master config and its overrides, plan it, and pack its payload.
     ``name``: the job's registry name (the CLI's --name); default: from hydra.launcher.name or the launch.
     ``amend``: changes the composed config before it is planned (the CLI's env values).
     ``singleton_state``: Hydra's global state the job's process restores, taken once for a batch of jobs (the same
-    for each); default: taken now."""
+    for each); default: taken now. ``snapshot``: the launch's copy of the project, which the job runs."""
     config = compose_job(hydra_context.config_loader, master, overrides)
     if amend is not None:
         amend(config)
@@ -221,6 +231,8 @@ def prepare_job(
         limits=backend.limits,
         launcher_env=os.environ,
     )
+    if snapshot is not None:
+        plan = replace(plan, snapshot=snapshot)
     if plan.command is None:  # the task function runs this config (a command runs what it says)
         check_strategies(config)
     payload = JobPayload(

@@ -172,7 +172,7 @@ class LaunchSession:
         console: Optional[Console],
     ) -> LaunchReport:
         if jobs:  # the local agent is forked before any thread of this process starts (mmt.agent.client)
-            self.backend.warm_up(host_preload(jobs[0].plan))
+            self.backend.warm_up(host_preload(jobs[0].plan), jobs[0].plan.snapshot)
         start_plotter(options.sweep_dir, [job.plan.job_dir for job in jobs])
         console = console or Console()
         page = start_dashboard(options.sweep_dir, console) if self.settings.dashboard else None

@@ -23,6 +23,7 @@ import cloudpickle
 from mmt.backends.base import Backend
 from mmt.core.errors import UsageError
 from mmt.core.jobdir import Attempt, SweepDir, make_private_dir, write_atomic
+from mmt.core.snapshot import activate
 from mmt.core.states import ConsoleMode
 from mmt.launching import engine
 from mmt.launching.console import Console
@@ -43,7 +44,10 @@ def start(
     inner = cloudpickle.dumps(
         {"jobs": list(jobs), "backend": type(backend), "settings": backend.settings, "options": options}
     )
-    write_atomic(spec, pickle.dumps({"sys_path": list(sys.path), "inner": inner}), private=True)
+    # the launch's snapshot of the project (one for all its jobs): the supervisor unpickles the jobs from it
+    snapshot = jobs[0].plan.snapshot if jobs else None
+    outer = {"sys_path": list(sys.path), "snapshot": snapshot, "inner": inner}
+    write_atomic(spec, pickle.dumps(outer), private=True)
     read_end, write_end = os.pipe()
     with open(log, "ab") as out:
         process = subprocess.Popen(
@@ -84,6 +88,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         with open_private(spec_file) as handle:  # its dir (the sweep's .mmt) is private; the sweep dir is the user's
             outer = pickle.loads(handle.read())
         sys.path[:] = outer["sys_path"]
+        activate(outer.get("snapshot"))
         spec: Dict[str, Any] = cloudpickle.loads(outer["inner"])
     finally:
         spec_file.unlink(missing_ok=True)
@@ -98,7 +103,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         answer.close()
 
     # the agent is forked before the console's thread starts (mmt.agent.client)
-    backend.warm_up(host_preload(spec["jobs"][0].plan) if spec["jobs"] else ())
+    backend.warm_up(*((host_preload(spec["jobs"][0].plan), spec["jobs"][0].plan.snapshot) if spec["jobs"] else ()))
     console = Console()
     # its console is a log in the sweep dir: it follows no rank (every rank's output is in its own log already, and
     # copying rank 0's in would store it twice); launch lines, failures and the summary still go there

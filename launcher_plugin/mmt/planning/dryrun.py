@@ -167,6 +167,17 @@ def _runs(plan: JobPlan) -> str:
     return f"{plan.command!r} " + ("once per node (it starts the node's ranks)" if plan.per_node else "once per rank")
 
 
+def code_line(plan: JobPlan) -> str:
+    """Which code the job runs: the launch's snapshot (where, how big, of which commit), or the live tree."""
+    snapshot = plan.snapshot
+    if snapshot is None:
+        return "the live tree, as it is on disk when each process starts (no snapshot)"
+    commit = f"commit {snapshot.commit[:12]}" if snapshot.commit else "no git"
+    dirty = " + uncommitted changes" if snapshot.dirty else ""
+    size = f"{snapshot.files:,} files, {snapshot.size_bytes / 1e6:.1f} MB"
+    return f"snapshot {snapshot.id} of {snapshot.source} ({commit}{dirty}; {size}) in {snapshot.root}"
+
+
 def render(plan: JobPlan, backend_lines: List[str]) -> str:
     if plan.roles:
         return _render_roles(plan, backend_lines)
@@ -188,6 +199,7 @@ def render(plan: JobPlan, backend_lines: List[str]) -> str:
         *_elastic_batches(plan),
         f"  time limit {plan.timeout_s / 60:g} min",
         f"  job dir    {plan.job_dir}",
+        f"  code       {code_line(plan)}",
         *backend_lines,
         *_cost_lines(plan),
         *_env_lines(plan),
@@ -225,6 +237,7 @@ def _render_roles(plan: JobPlan, backend_lines: List[str]) -> str:
         f"  batch      {plan.batch.describe() if plan.batch else _no_batch(plan)} (the primary role's)",
         f"  time limit {plan.timeout_s / 60:g} min",
         f"  job dir    {plan.job_dir}",
+        f"  code       {code_line(plan)}",
         *backend_lines,
         *_cost_lines(plan),
         *_roles_lines(plan),

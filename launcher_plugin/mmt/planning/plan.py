@@ -21,6 +21,7 @@ from mmt.core.rank_env import (
     framework_port_count,
     topology_hints,
 )
+from mmt.core.snapshot import CodeSnapshot
 from mmt.planning import validate as check
 from mmt.planning.batch import BatchPlan, plan_batch
 from mmt.planning.elastic import ElasticPlan, node_range, plan_elastic
@@ -92,6 +93,8 @@ class JobPlan:
     # generation how many times the world was formed again after a node was lost or joined (MMT_WORLD_GENERATION)
     elastic: Optional[ElasticPlan] = None
     generation: int = 0
+    # the launch's copy of the project that every process of the job imports from (None: the live tree)
+    snapshot: Optional[CodeSnapshot] = None
 
     @property
     def label(self) -> str:

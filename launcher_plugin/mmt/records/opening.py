@@ -22,6 +22,7 @@ from mmt.core.jobdir import Attempt, JobDir, new_attempt_id
 from mmt.core.states import JobState
 from mmt.planning.plan import JobPlan
 from mmt.planning.redact import masked_overrides
+from mmt.records import snapshot_use
 from mmt.records.outcome import read_result
 from mmt.records.ownership import Claim, StillActive, claim
 from mmt.records.payload import JobPayload, write_payload
@@ -66,6 +67,7 @@ class Opened:
     def give_up(self, plans: Sequence[JobPlan]) -> None:
         """Jobs that were never submitted leave nothing behind: no attempt, no claim, no record."""
         for plan in plans:
+            snapshot_use.release_job(plan)
             shutil.rmtree(self.attempts[plan.num].dir, ignore_errors=True)
             self.claims[plan.num].release(forget=not self.launch.survives_launcher)
             if self.launch.registry is not None:
@@ -83,6 +85,7 @@ def open_jobs(payloads: Sequence[JobPayload], launch: Launch) -> Opened:
     try:
         for payload in payloads:
             write_payload(attempts[payload.plan.num], payload)
+            snapshot_use.add_job(payload.plan)
         if launch.registry is not None:
             launch.registry.add([_record(plan, attempts[plan.num], launch) for plan in plans])
         for plan in plans:

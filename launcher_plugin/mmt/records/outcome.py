@@ -283,6 +283,7 @@ def result_record(
         error=None if completed else str(error_for(plan, outcome)),
         roles=role_results(plan, attempt) if attempt is not None else (),
         world_changes=tuple(read_changes(attempt.job_dir)) if attempt is not None and plan.elastic else (),
+        snapshot=plan.snapshot.provenance() if plan.snapshot is not None else None,
     )
 
 

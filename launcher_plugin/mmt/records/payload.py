@@ -17,13 +17,14 @@ import os
 import pickle
 import stat
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, List, TypeVar
+from typing import Any, BinaryIO, Dict, List, Optional, TypeVar
 
 import cloudpickle
 
 from mmt.core.jobdir import Attempt, write_atomic
+from mmt.core.snapshot import CodeSnapshot, activate, moved_function, remapped_path
 from mmt.planning.plan import JobPlan
 
 T = TypeVar("T")
@@ -46,7 +47,13 @@ class UnsafePayloadError(RuntimeError):
 def write_payload(attempt: Attempt, payload: JobPayload) -> None:
     attempt.create()
     write_atomic(attempt.plan, pickle.dumps(payload.plan), private=True)
-    meta = {"sys_path": list(sys.path), "prefixes": sorted({sys.prefix, sys.base_prefix, sys.exec_prefix})}
+    snapshot = payload.plan.snapshot
+    meta: Dict[str, Any] = {
+        # the project's entries as they read in the launch's snapshot: the job imports the code it was launched with
+        "sys_path": remapped_path(snapshot, sys.path) if snapshot is not None else list(sys.path),
+        "prefixes": sorted({sys.prefix, sys.base_prefix, sys.exec_prefix}),
+        "snapshot": asdict(snapshot) if snapshot is not None else None,
+    }
     write_atomic(attempt.payload_meta, json.dumps(meta).encode(), private=True)
     write_atomic(attempt.payload, cloudpickle.dumps(payload), private=True)
 
@@ -157,10 +164,22 @@ class _PayloadUnpickler(pickle.Unpickler):
 def read_payload(attempt: Attempt) -> JobPayload:
     with open_private(attempt.payload_meta) as handle:
         meta = json.loads(handle.read())
-    # the task function and config may reference modules next to the app (recipes/): import them the same way
+    # the task function and config may reference modules next to the app (recipes/): import them the same way,
+    # from the launch's snapshot of the project when it has one
     sys.path[:] = import_path(meta["sys_path"], meta.get("prefixes", []))
+    snapshot = snapshot_of(meta.get("snapshot"))
+    activate(snapshot)
     with open_private(attempt.payload) as handle:
-        return _PayloadUnpickler(handle).load()
+        payload = _PayloadUnpickler(handle).load()
+    moved_function(payload.task_function, snapshot)
+    return payload
+
+
+def snapshot_of(data: Any) -> Optional[CodeSnapshot]:
+    """The snapshot a payload's ``job.json`` names (None: the job runs the live tree)."""
+    if not isinstance(data, dict):
+        return None
+    return CodeSnapshot(**{**data, "keep": tuple(data.get("keep") or ())})
 
 
 def discard_payload(attempt: Attempt) -> None:

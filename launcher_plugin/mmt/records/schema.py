@@ -305,6 +305,8 @@ class ResultRecord(_Record):
     roles: Tuple[RoleResult, ...] = ()
     # an elastic job: each time its world formed again (a node lost or joined), oldest first
     world_changes: Tuple[WorldChange, ...] = ()
+    # the code it ran: the launch's snapshot (id, commit, dirty, source, dir); absent when it ran the live tree
+    snapshot: Optional[Dict[str, Any]] = None
 
     @property
     def restarts(self) -> int:
@@ -347,6 +349,8 @@ class ResultRecord(_Record):
             data["roles"] = [asdict(role) for role in self.roles]
         if self.world_changes:
             data["world_changes"] = [change.to_dict() for change in self.world_changes]
+        if self.snapshot is not None:
+            data["snapshot"] = dict(self.snapshot)
         return data
 
     @classmethod
@@ -384,6 +388,7 @@ class ResultRecord(_Record):
             world_changes=tuple(
                 one for one in map(WorldChange.of, _get(data, "world_changes", (list,), ()) or ()) if one is not None
             ),
+            snapshot=_get(data, "snapshot", (dict,)),
         )
 
     def concludes(self, attempt_id: Optional[str]) -> bool:

@@ -15,6 +15,7 @@ from mmt.core.errors import ConfigError, RankFailure, UsageError
 from mmt.core.jobdir import JobDir, process_log_name
 from mmt.core.states import JobState, ProcessState
 from mmt.launching.report import metric_of
+from mmt.records import snapshot_use
 from mmt.records.registry import JobRecord, Registry
 from mmt.records.roles_file import RoleShape, job_node, read_roles, role_node, topology
 from mmt.records.world import read_changes
@@ -182,6 +183,8 @@ def job_facts(record: JobRecord) -> Dict[str, Any]:
         # an elastic job: each time its world formed again, as it happens (a node lost: which, when, the world and
         # the batch split before and after, the seconds to training again)
         "world_changes": [change.to_dict() for change in read_changes(JobDir(Path(record.job_dir)))],
+        # the code it runs: its launch's snapshot (id, commit, dirty, source, dir); None: the live tree
+        "snapshot": snapshot_use.provenance(record.job_dir, record.job_id),
     }
 
 

@@ -39,6 +39,7 @@ def write_node_run(
         metrics_interval_s=plan.metrics_interval_s,
         hang_plan=plan if plan.hang_timeout_s is not None else None,
         role_watch=role_watch,
+        snapshot=plan.snapshot,
     )
     write_atomic(path, pickle.dumps(run), private=True)
 

@@ -35,6 +35,7 @@ from mmt.core import proctree
 from mmt.core.errors import ConfigError, RankFailure
 from mmt.core.jobdir import JobDir, write_atomic
 from mmt.core.rank_env import MMT_CONTAINER_EXEC, MMT_JOB_ID, RankPlace
+from mmt.core.snapshot import CodeSnapshot
 from mmt.core.states import JobState, StartMethod, values
 from mmt.monitor import hangs
 from mmt.planning import validate as check
@@ -283,9 +284,9 @@ class LocalBackend(Backend[LocalJob]):
         if self.agent is not None and handle.plan.job_id in self.jobs:
             self.agent.kill(handle.plan.job_id)
 
-    def warm_up(self, preload: Sequence[str] = ()) -> None:
+    def warm_up(self, preload: Sequence[str] = (), snapshot: Optional[CodeSnapshot] = None) -> None:
         if self.agent is None:  # its interpreter starts while the launcher composes the jobs (two cores, not one)
-            self.agent = AgentClient(self.settings.start_method, preload)
+            self.agent = AgentClient(self.settings.start_method, preload, snapshot)
 
     def drain_notices(self) -> List[str]:
         notices, self.notices = self.notices, []
@@ -446,6 +447,7 @@ class LocalBackend(Backend[LocalJob]):
                 node_agents=node_agents,
                 # an elastic job's node agent that dies is a lost node, not the job's end: the coordinator decides
                 fail_fast=plan.elastic is None,
+                snapshot=plan.snapshot,
             )
         )
 

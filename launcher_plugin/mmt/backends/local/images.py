@@ -38,6 +38,7 @@ from mmt.agent.containers import JOB_LABEL, NodeContainer
 from mmt.backends.mounts import MountSyntax, parse_mount, split_mount
 from mmt.core.errors import ConfigError
 from mmt.core.jobdir import read_json, write_atomic
+from mmt.core.snapshot import binds as snapshot_binds
 from mmt.planning import validate as check
 from mmt.planning.plan import JobPlan
 from mmt.records.registry import home
@@ -446,7 +447,7 @@ def mounts(plan: JobPlan, settings: ContainerSettings, cwd: str) -> List[str]:
     for path in paths:
         if not any(path == p or path.startswith(p.rstrip("/") + "/") for p in found):
             found.append(path)
-    binds = [f"{p}:{p}" for p in found]
+    binds = [f"{p}:{p}" for p in found] + snapshot_binds(plan.snapshot)
     if plan.command is None:
         binds += [f"{source}:{MMT_MOUNT}/{name}:ro" for name, source in _mmt_packages().items()]
     return binds + list(settings.mounts)

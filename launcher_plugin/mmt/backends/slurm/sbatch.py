@@ -28,6 +28,7 @@ from mmt.backends.slurm.oci import BUNDLE
 from mmt.core.errors import ConfigError
 from mmt.core.jobdir import WATCHED_FRESH_S, Attempt
 from mmt.core.rank_env import MMT_RESTART_COUNT
+from mmt.core.snapshot import binds as snapshot_binds
 from mmt.core.states import StartMethod
 from mmt.planning import validate as check
 from mmt.planning.machine import Machine
@@ -227,7 +228,7 @@ def python_command(plan: JobPlan, settings: SlurmSettings, project_dir: str) -> 
         return shlex.quote(sys.executable)
     if settings.container_runtime in ("pyxis", "oci"):
         return "python3"  # srun itself enters the container (--container-image, --container)
-    binds = [f"{project_dir}:{project_dir}", *settings.container_mounts]
+    binds = [f"{project_dir}:{project_dir}", *snapshot_binds(plan.snapshot), *settings.container_mounts]
     wrapper = [settings.container_runtime, "exec", "--pwd", project_dir]
     for bind in binds:
         wrapper += ["--bind", bind]
@@ -239,7 +240,7 @@ def python_command(plan: JobPlan, settings: SlurmSettings, project_dir: str) -> 
 def _container_srun_args(plan: JobPlan, settings: SlurmSettings, project_dir: str) -> List[str]:
     if plan.image is None or settings.container_runtime != "pyxis":
         return []
-    mounts = ",".join([f"{project_dir}:{project_dir}", *settings.container_mounts])
+    mounts = ",".join([f"{project_dir}:{project_dir}", *snapshot_binds(plan.snapshot), *settings.container_mounts])
     return [f"--container-image={plan.image}", f"--container-mounts={mounts}", f"--container-workdir={project_dir}"]
 
 

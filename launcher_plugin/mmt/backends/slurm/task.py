@@ -366,6 +366,7 @@ class SlurmTask:
             metrics_interval_s=plan.metrics_interval_s,
             hang_plan=plan if plan.hang_timeout_s is not None else None,
             role_watch=watch,
+            snapshot=plan.snapshot,
         )
 
     def _run_rank(self, facts: Dict[str, str]) -> int:

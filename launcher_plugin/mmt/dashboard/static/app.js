@@ -266,6 +266,10 @@ class JobView {
     if (job.note) facts.push(["scheduler", job.note]);  // why it waits, that it can never start, or no answer
     const runs = job.earlier_runs || [];
     if (runs.length) facts.push(["restarts", String(runs.length)]);
+    if (job.code) {  // the launch's snapshot of the project: what the job runs
+      const commit = job.code.commit ? job.code.commit.slice(0, 12) : "no git";
+      facts.push(["code", `${job.code.id} (${commit}${job.code.dirty ? " + uncommitted changes" : ""})`]);
+    }
     this.header.replaceChildren(
       h("h2", {}, h("span", { text: `#${job.num} ${job.name}` }), statusBadge(job.status)),
       h("div", { class: "facts" }, ...facts.map(([k, v]) => h("span", {}, `${k} `, h("b", { text: v })))),
