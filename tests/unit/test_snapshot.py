@@ -87,7 +87,7 @@ def test_the_store_copies_once_links_the_rest_and_an_unchanged_project_makes_not
     assert made and edited.id != first.id and Path(edited.root, "pkg", "a.py").read_text() == "A = 2\n"
     assert Path(first.root, "pkg", "a.py").read_text() == "A = 1\n"  # the earlier snapshot is untouched
     assert Path(edited.root, "run.sh").stat().st_ino == Path(first.root, "run.sh").stat().st_ino  # one blob
-    assert store.diff(edited.id).read_text().count("+A = 2") == 1
+    assert store.diff(edited).read_text().count("+A = 2") == 1 and not store.diff(first).exists()
 
 
 def test_the_size_limit_names_the_largest_paths(repo):

@@ -50,23 +50,6 @@ class Project:
         return sum(f.size for f in self.files)
 
 
-def project_root(app_dir: str) -> Tuple[str, bool, Optional[str]]:
-    """(the project's root, whether it is a git work tree, its HEAD commit) for the app in ``app_dir``."""
-    try:
-        done = subprocess.run(
-            ["git", "-C", app_dir, "rev-parse", "--show-toplevel", "--verify", "-q", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired):  # no git here: the app's folder
-        return os.path.realpath(app_dir), False, None
-    lines = done.stdout.split()
-    if not lines:
-        return os.path.realpath(app_dir), False, None
-    return os.path.realpath(lines[0]), True, (lines[1] if len(lines) > 1 else None)
-
-
 def excluded(rel: str, patterns: Sequence[str]) -> bool:
     """Whether ``rel`` (or a folder above it) matches one of ``patterns`` (globs on the path relative to the project,
     or on a single name: ``data``, ``*.ckpt``, ``notebooks/*.ipynb``)."""
@@ -83,13 +66,11 @@ def excluded(rel: str, patterns: Sequence[str]) -> bool:
 def list_project(app_dir: str, patterns: Sequence[str], skip_dirs: Sequence[str]) -> Project:
     """The project holding ``app_dir``, as a snapshot takes it. ``skip_dirs``: absolute folders never taken (the
     launch's sweep and run dirs)."""
-    root, git, commit = project_root(app_dir)
+    asked = _ask_git(app_dir)
+    root = asked[0] if asked is not None else os.path.realpath(app_dir)
     skipped = {_top_inside(os.path.realpath(d), root) for d in skip_dirs} - {None}
     never = [*patterns, *sorted(s for s in skipped if s)]
-    if git:
-        names, dirty = _git_listing(root)
-    else:
-        names, dirty = _walk(root, never), False
+    names, commit, dirty = asked[1:] if asked is not None else (_walk(root, never), None, False)
     venvs: Dict[str, bool] = {}
     files = []
     for rel in names:
@@ -98,7 +79,24 @@ def list_project(app_dir: str, patterns: Sequence[str], skip_dirs: Sequence[str]
         entry = _entry(root, rel)
         if entry is not None:
             files.append(entry)
-    return Project(root=root, files=tuple(files), commit=commit, dirty=dirty, git=git)
+    return Project(root=root, files=tuple(files), commit=commit, dirty=dirty, git=asked is not None)
+
+
+def _ask_git(app_dir: str) -> Optional[Tuple[str, List[str], Optional[str], bool]]:
+    """(the work tree's root, its files, HEAD's commit, whether it differs from HEAD) for the git work tree that holds
+    ``app_dir``; None outside git. Three questions asked at once, from the app's folder: one wait, not three."""
+    try:
+        head = _git(app_dir, "rev-parse", "--show-toplevel", "--verify", "-q", "HEAD")
+    except OSError:  # no git on this machine: the app's folder
+        return None
+    listing = _git(app_dir, "ls-files", "-z", "--full-name", "--cached", "--others", "--exclude-standard", "--", ":/")
+    status = _git(app_dir, "status", "--porcelain", "-z", "--ignore-submodules=none")
+    lines = head.communicate()[0].decode().split()
+    out, changes = listing.communicate()[0], status.communicate()[0]
+    if not lines:
+        return None
+    root = os.path.realpath(lines[0])
+    return root, _names(root, out), (lines[1] if len(lines) > 1 else None), bool(changes)
 
 
 def _top_inside(path: str, root: str) -> Optional[str]:
@@ -112,25 +110,20 @@ def _git(root: str, *args: str) -> "subprocess.Popen[bytes]":
     return subprocess.Popen(["git", "-C", root, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
 
-def _git_listing(root: str, prefix: str = "") -> Tuple[List[str], bool]:
-    """Every file git would show of the work tree (submodules and nested repos walked in turn), and whether it
-    differs from HEAD. Both questions are asked at once (two processes, one wait)."""
-    listing = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
-    status = _git(root, "status", "--porcelain", "-z", "--ignore-submodules=none") if not prefix else None
-    out, _ = listing.communicate()
-    dirty = bool(status.communicate()[0]) if status is not None else False
+def _names(root: str, listed: bytes, prefix: str = "") -> List[str]:
+    """The files of ``git ls-files -z`` output, a submodule's or a nested repo's walked in turn."""
     names: List[str] = []
-    for raw in out.split(b"\0"):
+    for raw in listed.split(b"\0"):
         if not raw:
             continue
         rel = os.fsdecode(raw).rstrip("/")
         full = os.path.join(root, rel)
         if os.path.isdir(full) and not os.path.islink(full):  # a submodule, or a repo nested untracked
-            inner, _ = _git_listing(full, prefix=f"{prefix}{rel}/")
-            names.extend(inner)
+            inner = _git(full, "ls-files", "-z", "--cached", "--others", "--exclude-standard").communicate()[0]
+            names.extend(_names(full, inner, prefix=f"{prefix}{rel}/"))
         else:
             names.append(f"{prefix}{rel}")
-    return list(dict.fromkeys(names)), dirty
+    return list(dict.fromkeys(names))
 
 
 def _walk(root: str, never: Sequence[str]) -> List[str]:

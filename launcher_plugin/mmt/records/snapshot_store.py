@@ -7,7 +7,7 @@ change a file.
     trees/<id>/             a snapshot: the project's files as hard links to their blobs (copies where the
                             filesystem has no hard links), symlinks as they were; <id> digests every path and content
     trees/<id>.json         what it is (the source, the commit, whether the tree was dirty, its size)
-    trees/<id>.diff         the launch's uncommitted changes against its commit (git's binary diff)
+    trees/<id>.<commit>.diff  a launch's uncommitted changes against its commit (git's binary diff)
     users/<id>/<job id>     the jobs that run from it: a snapshot goes with the last of them (``mmt delete``)
     index/<source>.json     what each file's content was at its last launch, by its size, times and inode, so an
                             unchanged file is never read again
@@ -84,32 +84,39 @@ class SnapshotStore:
         )
 
     def identify(self, project: Project) -> Tuple[str, Dict[str, str]]:
-        """The snapshot's id, and each file's content digest (read only where the index does not know it)."""
+        """The snapshot's id as the index knows its files (a file it does not know is read once, not copied), and
+        each file's content digest."""
         index = self._load_index(project.root)
-        digests: Dict[str, str] = {}
+        digests = {}
         for entry in project.files:
             if entry.link is None:
                 known = index.get(entry.rel)
-                digests[entry.rel] = known[1] if known and tuple(known[0]) == entry.stamp else ""
+                fresh = known is not None and tuple(known[0]) == entry.stamp
+                digests[entry.rel] = str(known[1]) if fresh and known else _digest(project.root, entry)
         return _tree_id(project.files, digests), digests
 
     def take(self, project: Project) -> Tuple[CodeSnapshot, bool]:
-        """The project's snapshot, made now or found: (the snapshot, whether this call made its tree)."""
+        """The project's snapshot, made now or found: (the snapshot, whether this call made its tree). A project
+        whose files the index knows, and whose tree exists, reads no file and writes nothing."""
         make_private_dir(self.root)
         index = self._load_index(project.root)
-        digests: Dict[str, str] = {}
+        stamps = {entry.rel: entry.stamp for entry in project.files if entry.link is None}
+        known = all(rel in index and tuple(index[rel][0]) == stamp for rel, stamp in stamps.items())
         try:
-            for entry in project.files:
-                if entry.link is None:
-                    digests[entry.rel] = self._blob(project.root, entry, index)
-            snapshot_id = _tree_id(project.files, digests)
-            tree = self.tree(snapshot_id)
-            made = not (tree.is_dir() and self._meta(snapshot_id).exists())
-            if made:
-                self._build(snapshot_id, project, digests)
-            self._save_index(project.root, project.files, digests)
+            digests = {rel: str(index[rel][1]) for rel in stamps} if known else {}
+            snapshot_id = _tree_id(project.files, digests) if known else ""
+            made = not (known and self._complete(snapshot_id))
+            if made:  # every file's blob, copied where the store lacks it, then the tree
+                digests = {e.rel: self._blob(project.root, e, index) for e in project.files if e.link is None}
+                snapshot_id = _tree_id(project.files, digests)
+                made = not self._complete(snapshot_id)
+                if made:
+                    self._build(snapshot_id, project, digests)
+            if not known or len(index) != len(stamps):  # an unchanged project's index stays as it is
+                self._save_index(project.root, project.files, digests)
         except OSError as exc:
             raise _store_error(self.root, exc) from None
+        tree = self.tree(snapshot_id)
         snapshot = CodeSnapshot(
             id=snapshot_id,
             root=str(tree),
@@ -122,12 +129,18 @@ class SnapshotStore:
         if made:
             meta = {**snapshot.provenance(), "files": snapshot.files, "size_bytes": snapshot.size_bytes}
             write_atomic(self._meta(snapshot_id), json.dumps(meta, indent=1).encode(), private=True)
-        if made and project.dirty:
-            self._save_diff(project, snapshot_id)
+        if project.dirty and project.commit and not self.diff(snapshot).exists():
+            self._save_diff(project, self.diff(snapshot))
         return snapshot, made
 
-    def diff(self, snapshot_id: str) -> Path:
-        return self.trees / f"{snapshot_id}.diff"
+    def _complete(self, snapshot_id: str) -> bool:
+        """A tree whose record was written after it: a tree without one is incomplete, never reused."""
+        return self.tree(snapshot_id).is_dir() and self._meta(snapshot_id).exists()
+
+    def diff(self, snapshot: CodeSnapshot) -> Path:
+        """The uncommitted changes a launch of ``snapshot`` had against its commit (one tree may be launched from
+        several commits: the same files committed, or not)."""
+        return self.trees / f"{snapshot.id}.{snapshot.commit}.diff"
 
     def _meta(self, snapshot_id: str) -> Path:
         return self.trees / f"{snapshot_id}.json"
@@ -151,7 +164,8 @@ class SnapshotStore:
             folder.rmdir()
         self._meta(snapshot_id).unlink(missing_ok=True)  # first: a tree without it is incomplete, never reused
         _remove_tree(self.tree(snapshot_id))
-        self.diff(snapshot_id).unlink(missing_ok=True)
+        for diff in self.trees.glob(f"{snapshot_id}.*.diff"):
+            diff.unlink(missing_ok=True)
         self._collect_blobs()
         return True
 
@@ -224,7 +238,7 @@ class SnapshotStore:
             _remove_tree(building)
             raise
 
-    def _save_diff(self, project: Project, snapshot_id: str) -> None:
+    def _save_diff(self, project: Project, target: Path) -> None:
         """The launch's uncommitted changes: git's binary diff against HEAD of every tracked file, and of the untracked
         files the snapshot holds, through a copy of the index (the user's own index is never touched)."""
         source = project.root
@@ -250,7 +264,7 @@ class SnapshotStore:
                 ["git", "-C", source, "diff", "--cached", "--binary", "HEAD"], env=env, capture_output=True
             )
             if done.returncode == 0:
-                write_atomic(self.diff(snapshot_id), done.stdout, private=True)
+                write_atomic(target, done.stdout, private=True)
 
     # ---- the index: what each file's content was, by its stamp
 
@@ -268,6 +282,14 @@ class SnapshotStore:
         racy = (time.time() - RACY_S) * 1e9
         index = {f.rel: [list(f.stamp), digests[f.rel]] for f in files if f.link is None and f.stamp[1] < racy}
         write_atomic(self._index_path(source), json.dumps(index).encode(), private=True)
+
+
+def _digest(source: str, entry: ProjectFile) -> str:
+    digest = hashlib.sha256()
+    with open(os.path.join(source, entry.rel), "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _tree_id(files: Iterable[ProjectFile], digests: Dict[str, str]) -> str:

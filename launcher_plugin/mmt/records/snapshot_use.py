@@ -35,8 +35,8 @@ def add_job(plan: JobPlan) -> None:
         "size_bytes": snapshot.size_bytes,
     }
     write_atomic(job_dir.snapshot, json.dumps(record, indent=1).encode())
-    diff = store.diff(snapshot.id)
-    if diff.exists():
+    diff = store.diff(snapshot)
+    if snapshot.dirty and diff.exists():
         job_dir.snapshot_diff.unlink(missing_ok=True)
         try:
             os.link(diff, job_dir.snapshot_diff)  # the store's copy is private already: one inode, 0600
