@@ -145,6 +145,10 @@ def _become_agent(fd: int, parent: int, method: str, preload: Sequence[str], sna
     """The forked child: shed the launcher's state, then run the agent until it exits (always ``os._exit``)."""
     code = 70
     try:
+        # a session of its own: a signal to the launcher's process group (`kill -- -PGID`, `timeout`, a CI runner, a
+        # terminal's hang-up) is the launcher's to act on, which stops the jobs through this agent and writes their
+        # results; the agent still ends with the launcher (its parent-death signal)
+        os.setsid()
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)

@@ -13,7 +13,7 @@ from mmt.launching.console import Console, clean
 from mmt.launching.jobs import JobReport, LaunchReport, NotStarted
 from mmt.planning.redact import env_names_in, masked_overrides
 from mmt.records.metric import summary_metric, sweep_metric_name
-from mmt.records.schema import ResultRecord
+from mmt.records.world import shape as world_shape
 
 # characters of a job's overrides the printed summary shows (summary.csv keeps them all): a sweep over long values
 # (a command, a list) must not widen every row of the table to hundreds of columns
@@ -158,20 +158,8 @@ def _job_row(job: JobReport) -> SummaryRow:
         duration_s=outcome.duration_s,
         metric=metric["value"],
         note=note,
-        shape=plan.topology if plan.roles else _elastic_shape(plan.devices, job.record),
+        shape=plan.topology if plan.roles else world_shape(plan.devices, job.record.world_changes, job.record.restarts),
     )
-
-
-def _elastic_shape(devices: int, record: ResultRecord) -> Optional[str]:
-    """An elastic job whose last run's world changed: ``3 -> 2 x 2``, ``3 -> 2 -> 3 x 2`` (the nodes of each world;
-    after three changes, the first and the last: ``3 -> ... -> 2 x 2``)."""
-    changes = [change for change in record.world_changes if change.restart == record.restarts]
-    if not changes:
-        return None
-    # its first world: fewer than the plan's nodes where SLURM gave fewer (--nodes=MIN-MAX)
-    worlds = [changes[0].nodes_before, *(change.nodes_after for change in changes)]
-    shown = [str(count) for count in worlds] if len(worlds) <= 4 else [str(worlds[0]), "...", str(worlds[-1])]
-    return f"{' -> '.join(shown)} x {devices}"
 
 
 def _not_started_row(refused: NotStarted) -> SummaryRow:

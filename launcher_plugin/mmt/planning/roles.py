@@ -156,12 +156,16 @@ def _role(
             "set the job-wide keys (hydra.launcher.*, timeout_min, recipe) on the job itself",
         )
     prefix = f"roles.{name}"
-    num_nodes = check.whole_number(
-        f"{prefix}.num_nodes",
-        keys.get("num_nodes", defaults.num_nodes),
-        1,
-        f"nodes of the role, e.g. {prefix}.num_nodes=1",
-    )
+    given = keys.get("num_nodes", defaults.num_nodes)
+    if isinstance(given, str) and ":" in given:  # num_nodes=MIN:MAX, an elastic job's range
+        raise ConfigError(
+            f"{prefix}.num_nodes",
+            given,
+            "a role's node count is fixed: a job with roles is not elastic (num_nodes=MIN:MAX is for a job whose "
+            "nodes are all alike)",
+            f"give the role a whole number, e.g. {prefix}.num_nodes=2",
+        )
+    num_nodes = check.whole_number(f"{prefix}.num_nodes", given, 1, f"nodes of the role, e.g. {prefix}.num_nodes=1")
     machine = defaults.machine if keys.get("machine") is None else machine_of(f"{prefix}.machine", keys["machine"])
     if keys.get("devices") is not None:
         devices = devices_of(f"{prefix}.devices", keys["devices"], machine)

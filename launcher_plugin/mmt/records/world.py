@@ -17,7 +17,7 @@
 import json
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mmt.core.jobdir import Attempt, JobDir, read_json, write_atomic
 from mmt.planning.plan import JobPlan
@@ -150,6 +150,19 @@ def read_changes(job_dir: JobDir) -> List[WorldChange]:
         if change is not None:
             found.append(change)
     return found
+
+
+def shape(devices: int, changes: Sequence[WorldChange], restart: int) -> Optional[str]:
+    """An elastic job whose run ``restart`` changed its world, as every view shows it: ``3 -> 2 x 2``,
+    ``3 -> 2 -> 3 x 2`` (the nodes of each world; after three changes, the first and the last: ``3 -> ... -> 2 x 2``);
+    None when that run's world never changed."""
+    changes = [change for change in changes if change.restart == restart]
+    if not changes:
+        return None
+    # its first world: fewer than the plan's nodes where SLURM gave fewer (--nodes=MIN-MAX)
+    worlds = [changes[0].nodes_before, *(change.nodes_after for change in changes)]
+    shown = [str(count) for count in worlds] if len(worlds) <= 4 else [str(worlds[0]), "...", str(worlds[-1])]
+    return f"{' -> '.join(shown)} x {devices}"
 
 
 def record_failure(attempt: Attempt, why: str) -> None:

@@ -19,6 +19,7 @@ from mmt.records import snapshot_use
 from mmt.records.registry import JobRecord, Registry
 from mmt.records.roles_file import RoleShape, job_node, read_roles, role_node, topology
 from mmt.records.world import read_changes
+from mmt.records.world import shape as world_shape
 from mmt.service import logs as log_files
 from mmt.service import status as job_status
 from mmt.service.machines import Machine, MachineType
@@ -134,8 +135,13 @@ def node_status(record: JobRecord, node: int) -> str:
 
 
 def _topology(record: JobRecord) -> str:
+    """As the summary shows it: each role's shape, or an elastic job's worlds (``3 -> 2 x 1``), or nodes x devices."""
     roles = read_roles(Path(record.job_dir))
-    return topology(roles) if roles is not None else f"{record.num_nodes} x {record.devices}"
+    if roles is not None:
+        return topology(roles)
+    changes = read_changes(JobDir(Path(record.job_dir)))
+    elastic = world_shape(record.devices, changes, record.restarts) if changes else None
+    return elastic or f"{record.num_nodes} x {record.devices}"
 
 
 def _node_log_paths(record: JobRecord, node: int) -> List[Path]:

@@ -139,11 +139,10 @@ def error_record(exc: BaseException) -> ErrorRecord:
         root = root.__cause__
     message = _first_line(str(root))
     exception = f"{type(root).__qualname__}: {message}" if message else type(root).__qualname__
+    if isinstance(exc, CommandFailedError):  # the command's own status, which says more than the process's; mmt's
+        # frames around a command that exited non-zero are no part of its story
+        return ErrorRecord(exception=exception, traceback="", command=True, exit_code=exc.exit_code, signal=exc.signal)
     trace = "".join(traceback.format_exception(exc))
-    if isinstance(exc, CommandFailedError):  # the command's own status, which says more than the process's
-        return ErrorRecord(
-            exception=exception, traceback=trace, command=True, exit_code=exc.exit_code, signal=exc.signal
-        )
     return ErrorRecord(exception=exception, traceback=trace)
 
 
@@ -203,7 +202,8 @@ def run(attempt: Attempt, index: int) -> int:
         return REQUEUED_EXIT  # the job runs again in place; this attempt reports nothing
     if failed:
         error = ret._return_value
-        print("".join(traceback.format_exception(error)), file=sys.stderr, end="")
+        told = f"mmt: {error}\n" if isinstance(error, CommandFailedError) else traceback.format_exception(error)
+        print("".join(told), file=sys.stderr, end="")
         report_error(attempt, index, error)
         ret.return_value = None  # the exception travels as text: it may not be picklable
     if primary:

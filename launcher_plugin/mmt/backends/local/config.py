@@ -2,7 +2,7 @@
 
 import enum
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from mmt.backends.job_conf import JobConf
 
@@ -25,8 +25,9 @@ class LocalLauncherConf(JobConf):
     # address of node 0 (all simulated nodes share this host's loopback)
     master_addr: str = "127.0.0.1"
     # an elastic job (num_nodes=MIN:MAX): a lost node comes back this many seconds after (its agent started again,
-    # as a restored machine's would be) and joins the world right after its next checkpoint; null: it stays lost
-    restore_lost_nodes_after_s: Optional[float] = None
+    # as a restored machine's would be) and joins the world right after its next checkpoint; null: it stays lost.
+    # Typed Any: mmt's own check names a bad value in one line (a typed field fails in Hydra's merge, four lines)
+    restore_lost_nodes_after_s: Any = None
     # the container CLI that runs each simulated node of a job with an `image` in a container of its own
     container_runtime: LocalContainerRuntime = LocalContainerRuntime.podman
     # bind mounts for the containers: ["/host/path:/container/path", ...]; the job dir and project dir always are
