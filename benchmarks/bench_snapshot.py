@@ -5,6 +5,7 @@
       mmt first      mmt's snapshot into an empty store (every file read, copied once, the tree hard-linked)
       mmt again      the next launch of the unchanged project (its store kept: nothing read, nothing written)
       mmt one edit   the next launch after one file changed (that file copied, a new tree of links)
+      python + imports  the interpreter start and the imports alone: the floor of the three above
       git archive    `git archive HEAD | tar -x`: NeMo-Run's GitArchivePackager (committed files only)
       rsync          `rsync -a` into an empty dir: SkyPilot's workdir sync, at its defaults
       cp -r          a copy by hand
@@ -57,10 +58,13 @@ def file_variants(project: Path) -> Dict[str, Callable[[Path], None]]:
     env = {**os.environ, "PYTHONPATH": str(REPO / "launcher_plugin")}
     kept = Path(tempfile.mkdtemp(prefix="kept-store-", dir=project.parent))
     edited = Path(tempfile.mkdtemp(prefix="edited-store-", dir=project.parent))
-    target = project / "pkg000" / "mod000.py"
+    # the edits go to a copy of its own: "mmt again" always finds the project as its last launch left it
+    copy_of = project.parent / f"{project.name}-edited"
+    shutil.copytree(project, copy_of, symlinks=True)
+    target = copy_of / "pkg000" / "mod000.py"
 
-    def take(store: Path) -> None:
-        run([PY, "-c", TAKE, str(project), str(store)], env=env)
+    def take(store: Path, source: Path = project) -> None:
+        run([PY, "-c", TAKE, str(source), str(store)], env=env)
 
     def first(scratch: Path) -> None:
         take(Path(tempfile.mkdtemp(dir=scratch)))
@@ -70,7 +74,19 @@ def file_variants(project: Path) -> Dict[str, Callable[[Path], None]]:
 
     def one_edit(scratch: Path) -> None:
         target.write_text(target.read_text() + "#\n")
-        take(edited)
+        take(edited, copy_of)
+
+    def floor(scratch: Path) -> None:  # the interpreter and the imports, taking nothing: what every mmt figure holds
+        run(
+            [
+                PY,
+                "-c",
+                TAKE.replace("SnapshotStore(Path(sys.argv[2])).take(project)", "").replace(
+                    "project = list_project(sys.argv[1], (), ())", ""
+                ),
+            ],
+            env=env,
+        )
 
     def git_archive(scratch: Path) -> None:
         out = tempfile.mkdtemp(dir=scratch)
@@ -86,6 +102,7 @@ def file_variants(project: Path) -> Dict[str, Callable[[Path], None]]:
         "mmt first": first,
         "mmt again": again,
         "mmt one edit": one_edit,
+        "python + imports": floor,
         "git archive": git_archive,
         "rsync": rsync,
         "cp -r": copy,

@@ -111,14 +111,17 @@ def _git(root: str, *args: str) -> "subprocess.Popen[bytes]":
 
 
 def _names(root: str, listed: bytes, prefix: str = "") -> List[str]:
-    """The files of ``git ls-files -z`` output, a submodule's or a nested repo's walked in turn."""
+    """The files of ``git ls-files -z`` output, a submodule's or a nested repo's walked in turn (git names a nested
+    repo with a trailing slash; a submodule is a folder, looked for only where ``.gitmodules`` says there are any)."""
     names: List[str] = []
+    submodules = os.path.exists(os.path.join(root, ".gitmodules"))
     for raw in listed.split(b"\0"):
         if not raw:
             continue
         rel = os.fsdecode(raw).rstrip("/")
         full = os.path.join(root, rel)
-        if os.path.isdir(full) and not os.path.islink(full):  # a submodule, or a repo nested untracked
+        folder = raw.endswith(b"/") or (submodules and os.path.isdir(full) and not os.path.islink(full))
+        if folder:  # a submodule, or a repo nested untracked
             inner = _git(full, "ls-files", "-z", "--cached", "--others", "--exclude-standard").communicate()[0]
             names.extend(_names(full, inner, prefix=f"{prefix}{rel}/"))
         else:
