@@ -195,6 +195,10 @@ def test_a_failing_node_fails_the_job_and_stops_the_other(tmp_path, tag):
     # a node's command failed, not a rank: the message says so
     assert "the command on node 1 raised CommandFailedError" in done.stderr
     assert "the other nodes were stopped" in done.stderr
+    # a command's exit code is its whole story: one line in its log, none of mmt's own frames anywhere
+    assert "Traceback" not in done.stdout + done.stderr and not result["failure"]["traceback"]
+    log = (tmp_path / "0" / "logs" / "node1.log").read_text()
+    assert log.splitlines()[-1] == "mmt: command 'if [ $NODE_RANK = 1 ]; then exit 3; fi; sleep 60' exited with code 3"
 
 
 def test_processes_a_command_leaves_behind_are_stopped(tmp_path, tag):

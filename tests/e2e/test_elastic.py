@@ -4,6 +4,7 @@ PIDs), fork the new world's ranks from their warm interpreters, and the job comp
 nodes it fails naming them; a rank that fails with no node lost fails the job as before. Nothing is left running
 (``tag``)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -96,6 +97,12 @@ def test_a_lost_node_costs_that_node_the_survivors_form_a_smaller_world_and_fini
         [sys.executable, "-m", "mmt.cli.main", "inspect", result["name"]], capture_output=True, text=True, env=app_env()
     )
     assert "world 1       lost node 2: 3 -> 2 nodes, 6 -> 4 ranks; training again" in inspected.stdout, inspected
+    assert "topology      3 -> 2 x 2\n" in inspected.stdout, inspected.stdout  # as the summary says it
+    listed = subprocess.run(
+        [sys.executable, "-m", "mmt.cli.main", "list", "--json"], capture_output=True, text=True, env=app_env()
+    )
+    (row,) = [row for row in json.loads(listed.stdout) if row["name"] == result["name"]]
+    assert row["topology"] == "3 -> 2 x 2", row
 
 
 def test_a_restored_node_joins_after_the_next_checkpoint_and_the_world_grows_back(tmp_path, tag):

@@ -58,6 +58,15 @@ CASES = [
         "Invalid value 'lxc', expected one of [podman, docker]",
     ),
     (["machine=h100_x_8", "num_nodes=2"], "Invalid machine='h100_x_8': 2 nodes x 8 GPUs need 16 GPUs on this host"),
+    # one line, not Hydra's four-line merge error (the field was typed)
+    (
+        ["num_nodes=2:3", "hydra.launcher.restore_lost_nodes_after_s=abc"],
+        "Invalid hydra.launcher.restore_lost_nodes_after_s='abc': expected a number > 0",
+    ),
+    (
+        ["+roles.trainer.num_nodes=2:3", "+roles.scorer.num_nodes=1", "+roles.scorer.command=true"],
+        "Invalid roles.trainer.num_nodes='2:3': a role's node count is fixed: a job with roles is not elastic",
+    ),
 ]
 
 
