@@ -226,7 +226,7 @@ def test_the_dry_run_shows_each_worlds_batch_and_bad_ranges_are_one_line(tmp_pat
         (("num_nodes=2:3", "devices=2"), "Invalid batch.global_size=64: an elastic job (num_nodes=2:3, devices=2)"),
         (
             (*ELASTIC_LM, "hydra.launcher.restore_lost_nodes_after_s=-1"),
-            "Invalid hydra.launcher.restore_lost_nodes_after_s=-1.0: expected a number > 0",
+            "Invalid hydra.launcher.restore_lost_nodes_after_s=-1: expected a number > 0",
         ),
     ):
         bad = subprocess.run(
