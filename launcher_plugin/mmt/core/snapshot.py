@@ -78,11 +78,6 @@ def _inside(path: str, folder: str) -> bool:
 _active: Optional[CodeSnapshot] = None
 
 
-def active() -> Optional[CodeSnapshot]:
-    """The snapshot this process runs from, if any."""
-    return _active
-
-
 def activate(snapshot: Optional[CodeSnapshot]) -> None:
     """From now on this process imports the project from ``snapshot`` (nothing for None; once per snapshot)."""
     global _active
