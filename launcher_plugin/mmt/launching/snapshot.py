@@ -132,18 +132,7 @@ def take(config: DictConfig, task_function: Any, dry_run: bool = False) -> Optio
     project = list_project(where, settings.exclude, _run_dirs(config))
     store.check_size(project, settings.max_mb)
     if dry_run:
-        snapshot_id, _ = store.identify(project)
-        planned = CodeSnapshot(
-            id=snapshot_id,
-            root=str(store.tree(snapshot_id)),
-            source=project.root,
-            commit=project.commit,
-            dirty=project.dirty,
-            files=len(project.files),
-            size_bytes=project.size_bytes,
-            keep=keep,
-        )
-        return LaunchSnapshot(planned, made=False, store=store, planned=True)
+        return LaunchSnapshot(replace(store.identify(project), keep=keep), made=False, store=store, planned=True)
     store.check_writable()
     snapshot, made = store.take(project)
     return LaunchSnapshot(replace(snapshot, keep=keep), made=made, store=store)

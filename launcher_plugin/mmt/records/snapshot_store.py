@@ -83,17 +83,16 @@ class SnapshotStore:
             ".gitignore, or raise hydra.launcher.snapshot.max_mb",
         )
 
-    def identify(self, project: Project) -> Tuple[str, Dict[str, str]]:
-        """The snapshot's id as the index knows its files (a file it does not know is read once, not copied), and
-        each file's content digest."""
-        index = self._load_index(project.root)
-        digests = {}
-        for entry in project.files:
-            if entry.link is None:
-                known = index.get(entry.rel)
-                fresh = known is not None and tuple(known[0]) == entry.stamp
-                digests[entry.rel] = str(known[1]) if fresh and known else _digest(project.root, entry)
-        return _tree_id(project.files, digests), digests
+    def identify(self, project: Project) -> CodeSnapshot:
+        """The snapshot a launch of ``project`` would run from, copying nothing (a dry run's): its id as the index
+        knows the files, a file it does not know read once."""
+        indexed = _indexed(self._load_index(project.root), project)
+        digests = {
+            entry.rel: indexed.get(entry.rel) or _digest(project.root, entry)
+            for entry in project.files
+            if entry.link is None
+        }
+        return self._described(project, _tree_id(project.files, digests))
 
     def take(self, project: Project) -> Tuple[CodeSnapshot, bool]:
         """The project's snapshot, made now or found: (the snapshot, whether this call made its tree). A project
@@ -101,9 +100,9 @@ class SnapshotStore:
         make_private_dir(self.root)
         index = self._load_index(project.root)
         stamps = {entry.rel: entry.stamp for entry in project.files if entry.link is None}
-        known = all(rel in index and tuple(index[rel][0]) == stamp for rel, stamp in stamps.items())
+        digests = _indexed(index, project)
+        known = len(digests) == len(stamps)
         try:
-            digests = {rel: str(index[rel][1]) for rel in stamps} if known else {}
             snapshot_id = _tree_id(project.files, digests) if known else ""
             made = not (known and self._complete(snapshot_id))
             if made:  # every file's blob, copied where the store lacks it, then the tree
@@ -116,22 +115,24 @@ class SnapshotStore:
                 self._save_index(project.root, project.files, digests)
         except OSError as exc:
             raise _store_error(self.root, exc) from None
-        tree = self.tree(snapshot_id)
-        snapshot = CodeSnapshot(
-            id=snapshot_id,
-            root=str(tree),
-            source=project.root,
-            commit=project.commit,
-            dirty=project.dirty,
-            files=len(project.files),
-            size_bytes=project.size_bytes,
-        )
+        snapshot = self._described(project, snapshot_id)
         if made:
             meta = {**snapshot.provenance(), "files": snapshot.files, "size_bytes": snapshot.size_bytes}
             write_atomic(self._meta(snapshot_id), json.dumps(meta, indent=1).encode(), private=True)
         if project.dirty and project.commit and not self.diff(snapshot).exists():
             self._save_diff(project, self.diff(snapshot))
         return snapshot, made
+
+    def _described(self, project: Project, snapshot_id: str) -> CodeSnapshot:
+        return CodeSnapshot(
+            id=snapshot_id,
+            root=str(self.tree(snapshot_id)),
+            source=project.root,
+            commit=project.commit,
+            dirty=project.dirty,
+            files=len(project.files),
+            size_bytes=project.size_bytes,
+        )
 
     def _complete(self, snapshot_id: str) -> bool:
         """A tree whose record was written after it: a tree without one is incomplete, never reused."""
@@ -282,6 +283,15 @@ class SnapshotStore:
         racy = (time.time() - RACY_S) * 1e9
         index = {f.rel: [list(f.stamp), digests[f.rel]] for f in files if f.link is None and f.stamp[1] < racy}
         write_atomic(self._index_path(source), json.dumps(index).encode(), private=True)
+
+
+def _indexed(index: Dict[str, list], project: Project) -> Dict[str, str]:
+    """The content digests the index still vouches for: each file whose size, times and inode are as it saw them."""
+    return {
+        entry.rel: str(index[entry.rel][1])
+        for entry in project.files
+        if entry.link is None and entry.rel in index and tuple(index[entry.rel][0]) == entry.stamp
+    }
 
 
 def _digest(source: str, entry: ProjectFile) -> str:
