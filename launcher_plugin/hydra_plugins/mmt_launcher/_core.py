@@ -139,7 +139,10 @@ def _launch(
     up_front = OmegaConf.select(config, "hydra.sweeper._target_") == BASIC_SWEEPER
     # Hydra wrote the sweep's record (multirun.yaml) before calling us: the env values in it go, whatever follows
     _protect_multirun_yaml(sweep_dir, _secret_names(config, job_overrides))
-    prepare.warm_up(backend, config, launcher.snapshot)  # again, should the agent have gone since the last batch
+    if launcher.remote is not None:
+        launcher.remote.ready()  # the cluster checked and the code there: a refusal is one line, before any job
+    else:
+        prepare.warm_up(backend, config, launcher.snapshot)  # again, should the agent have gone since the last batch
     jobs, refused = _prepare_batch(launcher, job_overrides, initial_job_idx, up_front)
     settings = replace(SessionSettings.of(config.hydra.launcher, sweep_dir), plot_awaited_at_exit=True)  # a next batch
     if settings.detach and not up_front and not any(job.prepared.plan.dry_run for job in jobs.values()):
@@ -155,7 +158,11 @@ def _launch(
         engine.NotStarted(num, job_overrides[num - initial_job_idx], str(error.reason))
         for num, error in refused.items()
     ]
-    outcome = LaunchSession(backend, settings).run([job.prepared for job in jobs.values()], not_started)
+    prepared = [job.prepared for job in jobs.values()]
+    if launcher.remote is not None:  # the jobs are submitted by the cluster's side, over SSH
+        outcome = launcher.remote.run(prepared, backend, settings, not_started)
+    else:
+        outcome = LaunchSession(backend, settings).run(prepared, not_started)
     if isinstance(outcome, DryRun):
         return _dry_run(list(jobs.values()), outcome)
     if isinstance(outcome, Detached):
@@ -198,6 +205,10 @@ def _prepare_batch(
     jobs: Dict[int, prepare.HydraJob] = {}
     refused: Dict[int, InvalidJobError] = {}
     singleton_state = prepare.hydra_state()  # the same for every job of the batch
+    remote = launcher.remote
+    # over SSH, each job's dir is in the cluster's remote root, and its code the snapshot synced there
+    amend = remote.relocator(Path(str(launcher.config.hydra.sweep.dir))) if remote is not None else None
+    snapshot = remote.snapshot if remote is not None else (launcher.snapshot.snapshot if launcher.snapshot else None)
     for i, overrides in enumerate(job_overrides):
         num = initial_job_idx + i
         try:
@@ -209,7 +220,8 @@ def _prepare_batch(
                 overrides=overrides,
                 num=num,
                 singleton_state=singleton_state,
-                snapshot=launcher.snapshot.snapshot if launcher.snapshot is not None else None,
+                snapshot=snapshot,
+                amend=amend,
             )
             if not job.prepared.plan.dry_run:
                 engine.refuse_unrunnable(launcher.backend, [job.prepared.plan])

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 if TYPE_CHECKING:  # the engine is imported lazily (plugin discovery stays light)
     from mmt.backends.base import Backend
     from mmt.launching.snapshot import LaunchSnapshot
+    from mmt.remote.launch import RemoteLaunch
 
 
 class MMTLauncher(Launcher):
@@ -30,9 +31,12 @@ class MMTLauncher(Launcher):
         self.hydra_context: Optional[HydraContext] = None
         self.backend: Optional["Backend[Any]"] = None
         self.snapshot: Optional["LaunchSnapshot"] = None
+        # the cluster reached over SSH (hydra.launcher.ssh), or None: the jobs run from here
+        self.remote: Optional["RemoteLaunch"] = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         from mmt.launching import prepare
+        from mmt.remote import settings as ssh
 
         self.config = config
         self.hydra_context = hydra_context
@@ -40,6 +44,14 @@ class MMTLauncher(Launcher):
         prepare.check_sweep_dir(config)
         prepare.keep_composed_jobs(hydra_context)  # the sweeper composes each job to check it; launch() reuses it
         self.backend = prepare.make_backend(config.hydra.launcher)
+        target = ssh.of(config.hydra.launcher)
+        if target is not None:
+            from mmt.remote.launch import RemoteLaunch
+
+            # one connection for the launch, opened (and the cluster checked) while the snapshot is taken here
+            self.remote = RemoteLaunch.for_backend(target, self.backend)
+            weakref.finalize(self, self.remote.close)
+            self.remote.open()
         # the sweep dir is this launch's from here on, before the sweeper writes the sweep's record (multirun.yaml):
         # of two launches into one sweep dir, the second is refused now, whatever the timing
         sweep = prepare.claim_sweep(config, self.backend)
@@ -51,6 +63,9 @@ class MMTLauncher(Launcher):
         self.snapshot = prepare.take_snapshot(config, task_function)
         if self.snapshot is not None:  # a launch refused before any job opened leaves no snapshot behind
             weakref.finalize(self, self.snapshot.discard_if_unused)
+        if self.remote is not None:
+            self.remote.local_snapshot = self.snapshot  # synced when the first batch is launched
+            return
         # the agent's interpreter starts now, while the sweeper checks the batch
         prepare.warm_up(self.backend, config, self.snapshot)
 

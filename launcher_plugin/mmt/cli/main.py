@@ -344,8 +344,12 @@ def _list(args: argparse.Namespace) -> int:
     registry = Registry()
     records = refresh_all(registry.list(since=None if args.all else time.time() - 7 * 86400), registry)
     rows = _rows(records)
+    from mmt.remote import forward  # the jobs launched over SSH: listed where they live
+
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(
+            json.dumps([*rows, *forward.listed(["list", "--json", *(["--all"] if args.all else [])], True)], indent=2)
+        )
         return 0
     table = Table(box=None, header_style="bold")
     scheduled = any(row["scheduler_job"] for row in rows)  # the scheduler's job column, where one has one
@@ -377,6 +381,8 @@ def _list(args: argparse.Namespace) -> int:
         )
     # Piped (grep, a script, a test): one line per job whatever its width, as squeue's; a terminal wraps to fit.
     Console(width=None if sys.stdout.isatty() else 100_000).print(table)
+    sys.stdout.flush()
+    forward.listed(["list", *(["--all"] if args.all else [])], False)
     return 0
 
 
@@ -541,6 +547,25 @@ def _dashboard(argv: List[str]) -> int:
     return dashboard(argv, extra_job_dirs=registered)
 
 
+def _where_it_lives(args: argparse.Namespace, argv: List[str]) -> Optional[int]:
+    """A job launched over SSH (and unknown to the registry here): the command runs on its cluster
+    (mmt.remote.forward); its exit status. None: the job is here."""
+    from mmt.remote import forward
+
+    name = getattr(args, "name", None)
+    if args.verb not in forward.NAMED or not name:
+        return None
+    from mmt.records.registry import Registry
+
+    def local() -> List[str]:
+        try:
+            return [record.name for record in Registry().list()]
+        except MMTError:
+            return []
+
+    return forward.named(args.verb, name, argv, local)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["dashboard"]:
@@ -570,6 +595,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         _refuse_lightning_flags(args)
+        there = _where_it_lives(args, argv)
+        if there is not None:
+            return there
         return verbs[args.verb](args)
     except NotCarriedOut as exc:  # accepted, and could not be done (a stop the cluster did not take)
         for line in exc.done:

@@ -242,7 +242,7 @@ class SlurmBackend(ScheduledBackend[SlurmJob, SlurmSettings], name="slurm", sett
         delay = signal_delay_problem(plan, self.settings)
         if delay is not None:
             found.append(delay)
-        missing = [tool for tool in _TOOLS if shutil.which(tool) is None]
+        missing = [] if self.settings.over_ssh else [tool for tool in _TOOLS if shutil.which(tool) is None]
         if missing:
             found.append(
                 ConfigError(

@@ -57,3 +57,7 @@ class SlurmLauncherConf(JobConf):
     max_requeues: int = 3
     # seconds between queries of the job state (squeue/sacct); the job dir is read every 0.1 s regardless
     poll_interval_s: float = 1.0
+    # a login node reached over SSH, from a machine that shares nothing with the cluster (docs/remote.md):
+    # {host, remote_root, user, port, identity_file, config_file, python, setup, grace_s, options}; empty: SLURM's
+    # commands are here, and the sweep dir is on a filesystem the nodes mount
+    ssh: Dict[str, Any] = field(default_factory=dict)

@@ -103,6 +103,8 @@ class SlurmSettings:
     start_method: str = StartMethod.fork.value
     # most tasks of each of the launch's job arrays running at once (hydra.launcher.max_parallel_jobs: %N)
     max_parallel_jobs: Optional[int] = None
+    # SLURM's commands run on a login node reached over SSH (mmt.remote): they are not looked for here
+    over_ssh: bool = False
 
     @property
     def agent_per_node(self) -> bool:
