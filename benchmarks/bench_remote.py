@@ -43,7 +43,7 @@ def _variants(
         laptop_cmd = list(login_cmd)
     else:
         login_cmd = [PY, "benchmarks/sweep_app.py", "-m", "hydra/launcher=mmt_slurm", "+x=range(100)"]
-        laptop_cmd = [PY, "sweep_app.py", *login_cmd[3:]]
+        laptop_cmd = [PY, "sweep_app.py", *login_cmd[2:]]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["MMT_HOME"] = str(scratch / "login-home")
 

@@ -6,6 +6,7 @@ cannot run there. A launch that used a shared path, or a SLURM command on the la
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -253,6 +254,19 @@ def test_a_cut_connection_is_restored_and_the_result_arrives(site):
     output = site.output()
     assert output.count("lost the connection") == 1 and "reconnected to mmt-login" in output
     assert site.result("sweep", 0)["status"] == "COMPLETED"
+
+
+def test_ctrl_c_on_the_laptop_stops_the_jobs_on_the_cluster(site):
+    gate = site.tmp / "gate"
+    launcher = site.start("app.py", "num_nodes=1", "devices=2", f"gate={gate}")
+    wait_until(Path(f"{gate}.started").exists, 180, "the job at its gate")
+    launcher.send_signal(signal.SIGINT)
+    assert launcher.wait(timeout=120) == 130, site.output()[-3000:]
+    assert "stopping the jobs on mmt-login" in site.output()
+    result = site.result("sweep", 0)  # stopped there, its result written there and brought back
+    assert result["status"] == "INTERRUPTED", result
+    assert (site.there("sweep") / "0" / "result.json").exists()
+    wait_until(lambda: queued() == "", 60, "the job gone from SLURM's queue")
 
 
 def test_past_the_grace_the_launcher_gives_up_and_mmt_wait_reattaches(site):

@@ -7,7 +7,9 @@ the launcher at its setup, over its connection.
 2. It imports the engine while the launcher plans, then reads the launch (a pickle, on stdin, until EOF; none: the
    launcher needed it not) and runs it as a launcher on the login node would: ``detach``: submitted, answered,
    done; attached: a process of its own session (it outlives the connection) runs the launch to its end with its
-   console in ``<sweep dir>/console-<launch id>-<first job>.log``, and the answer names its pid and that log.
+   console in ``<sweep dir>/console-<launch id>-<first job>.log``; the answer names its pid, and this process then
+   follows that console on the same stdout (:func:`follow`: once the connection has gone, the launcher starts
+   ``python -m mmt.remote.entry follow ...`` again from where it stopped).
 
 stdout carries the answers only; everything else goes to stderr.
 """
@@ -126,7 +128,10 @@ def _attached(jobs: List[Any], backend: Any, options: Any, log: Path) -> None:
         os.close(write_end)
         with os.fdopen(read_end) as pipe:
             reply = pipe.read()
-        _answer(json.loads(reply) if reply else {"error": f"the launch's process exited first; see {log}"})
+        message = json.loads(reply) if reply else {"error": f"the launch's process exited first; see {log}"}
+        _answer(message)
+        if "error" not in message:  # the launcher follows the console on this same connection: no other to open
+            follow(log, 0, child, str(options.sweep_dir))
         return
     os.close(read_end)
     os.setsid()
@@ -272,7 +277,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not data:
         return 0  # the launcher needed no launch of this one (its last batch was the one before)
     _run(pickle.loads(data), root)
-    return 0
+    sys.stdout.flush()
+    os._exit(0)  # answered: the launcher reads no more, and a finalized interpreter only delays the connection
 
 
 if __name__ == "__main__":

@@ -100,6 +100,8 @@ class RemoteLaunch:
         self._entry: Optional[_Entry] = None
         self._opening: Optional[threading.Thread] = None
         self._failed: Optional[BaseException] = None
+        # the cluster's sides that took a launch: they exit once they have answered
+        self._handed: List["subprocess.Popen[bytes]"] = []
 
     @classmethod
     def for_backend(cls, target: SshTarget, backend: Backend[Any]) -> "RemoteLaunch":
@@ -252,17 +254,7 @@ class RemoteLaunch:
         first = min((job.plan.num for job in jobs), default=0)
         console_log = f"{remote_sweep}/console-{launch_id.current().launch}-{first}.log"
         spec = self._spec(jobs, backend, settings, remote_sweep, console_log)
-        try:
-            out, err = entry.process.communicate(spec, timeout=600)
-        except subprocess.TimeoutExpired:
-            entry.process.kill()
-            raise UsageError(f"{self.target.label} did not answer within 600 s while submitting the jobs") from None
-        answer = _last_json(out)
-        if answer is None:
-            said = err.decode(errors="replace").strip().splitlines()
-            raise UsageError(f"{self.target.label}: the launch failed there: {said[-1] if said else 'no answer'}")
-        if "error" in answer:
-            raise UsageError(answer["error"])
+        answer = self._hand_over(entry, spec)
         plans = {job.plan.num: job.plan for job in jobs}
         submitted = [self._local(item, plans, remote_sweep, local_sweep, backend.name) for item in answer["submitted"]]
         known.remember(
@@ -282,9 +274,29 @@ class RemoteLaunch:
         )
         if settings.detach:
             return session.Detached(submitted)
-        follow = _Follower(self, int(answer["pid"]), console_log, remote_sweep, local_sweep)
+        follow = _Follower(self, int(answer["pid"]), console_log, remote_sweep, local_sweep, first=entry.process)
         report = follow.run(submitted)
         return session.Attached(report)
+
+    def _hand_over(self, entry: "_Entry", spec: bytes) -> Dict[str, Any]:
+        """The launch to the cluster's side; its answer, read as soon as it is written (the process there exits
+        after it, unwaited for: close() reaps it)."""
+        stdin, stdout = cast(IO[bytes], entry.process.stdin), cast(IO[bytes], entry.process.stdout)
+        try:
+            stdin.write(spec)
+            stdin.close()
+        except BrokenPipeError:
+            pass  # it exited first: its stderr says why
+        self._handed.append(entry.process)
+        for line in stdout:
+            answer = _last_json(line)
+            if answer is not None:
+                if "error" in answer:
+                    raise UsageError(answer["error"])
+                return answer
+        said = (entry.process.stderr.read() if entry.process.stderr else b"").decode(errors="replace").strip()
+        last = said.splitlines()[-1] if said else f"exit code {entry.process.wait()}"
+        raise UsageError(f"{self.target.label}: the launch failed there: {last}")
 
     def _spec(
         self,
@@ -333,6 +345,11 @@ class RemoteLaunch:
     def close(self) -> None:
         if self._opening is not None:
             self._opening.join()
+        for process in self._handed:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
         if self._entry is not None:
             self._entry.process.stdin and self._entry.process.stdin.close()  # an unused entry exits on EOF
             try:
@@ -361,12 +378,31 @@ def _last_json(out: bytes) -> Optional[Dict[str, Any]]:
     return None
 
 
+def _keep_private_dirs(member: Any, dest: str) -> Any:
+    """tarfile's "data" filter (nothing outside ``dest``, no devices, no group or world write), keeping a folder's
+    mode, which that filter drops: a job's ``.mmt`` stays private here, as mmt reads a pickle only from there."""
+    import tarfile
+
+    safe = tarfile.data_filter(member, dest)
+    return safe.replace(mode=member.mode & 0o755, deep=False) if member.isdir() else safe
+
+
 class _Follower:
     """An attached launch, followed from here: its console there streamed, its records brought back, the link
     restored when it goes."""
 
-    def __init__(self, launch: RemoteLaunch, pid: int, console_log: str, remote_sweep: str, local_sweep: Path):
+    def __init__(
+        self,
+        launch: RemoteLaunch,
+        pid: int,
+        console_log: str,
+        remote_sweep: str,
+        local_sweep: Path,
+        first: "Optional[subprocess.Popen[bytes]]" = None,
+    ):
         self.launch, self.pid, self.console_log = launch, pid, console_log
+        # the cluster's side that took the launch follows its console from the start, on the same connection
+        self._first = first
         self.remote_sweep, self.local_sweep = remote_sweep, local_sweep
         self.offset = 0
         self.interrupted: Optional[int] = None
@@ -410,7 +446,8 @@ class _Follower:
         then the records in an archive on the same stream (entry.follow); or until the connection goes (ssh's
         255, or anything else: then the follower is started again from where it stopped)."""
         target = self.launch.target
-        follower = self.launch.connection.popen(
+        follower, self._first = self._first, None
+        follower = follower or self.launch.connection.popen(
             [
                 target.python,
                 "-m",
@@ -473,7 +510,7 @@ class _Follower:
 
         try:
             with tarfile.open(fileobj=io.BufferedReader(_Joined()), mode="r|") as archive:
-                archive.extractall(self.local_sweep, filter="data")
+                archive.extractall(self.local_sweep, filter=_keep_private_dirs)
         except (tarfile.TarError, OSError):
             return False
         return True
