@@ -2,11 +2,12 @@
 launch, in batch mode (it never prompts: a key that needs a passphrase without an agent, an unknown host key or a
 refused login fails at once, and :func:`refusal` says which in one line).
 
-The master is started explicitly (``ssh -o ControlMaster=yes -N -f``; not ``-M`` as well, which would make it ask
-before each session) with its output in a private file, never in a pipe a command of the launcher reads: a master
-forked by a command's own ssh would hold that pipe open as long as it lives. Commands then go through it
-(``ControlMaster=no``); when it is gone (the network dropped, sshd restarted), :meth:`Connection.open` starts a new
-one.
+The launch's first command starts the master (``ControlMaster=auto``): it logs in and runs that command in one go,
+and the master it leaves in the background moves its own stdio to /dev/null, so the command's pipes close when the
+command ends. Every other command goes through it (``ControlMaster=no``). When it is gone (the network dropped,
+sshd restarted), :meth:`Connection.open` starts a new one (``-N -f``; not ``-M`` as well, which would make it ask
+before each session). An idle master ends on its own after ``PERSIST_S`` (a launcher killed without closing it
+leaves none behind for long).
 """
 
 import hashlib
@@ -24,6 +25,8 @@ from mmt.remote.settings import KEY, SshTarget
 # how long a login may take before it counts as failed, and how soon a dead link is noticed (3 missed answers)
 CONNECT_TIMEOUT_S = 10
 ALIVE_INTERVAL_S = 5
+# how long an idle master outlives its last command
+PERSIST_S = 120
 
 
 def refusal(target: SshTarget, said: str) -> ConfigError:
@@ -129,15 +132,16 @@ class Connection:
         return check.returncode == 0
 
     def close(self) -> None:
-        """End the master (its commands are over); nothing when it is gone already."""
+        """End the master (its commands are over); nothing when it is gone already. Not waited for: the master
+        ends on its own, and the launcher need not wait to exit."""
         if self.control_path.exists():
-            subprocess.run(
+            subprocess.Popen(
                 ["ssh", *self.options(), "-O", "exit", "--", self.target.host],
                 stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=CONNECT_TIMEOUT_S,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
             )
-        self.control_path.unlink(missing_ok=True)
         self.master_log.unlink(missing_ok=True)
 
     def remote_command(self, argv: Sequence[str], setup: bool = True) -> str:
@@ -145,9 +149,13 @@ class Connection:
         lines = list(self.target.setup) if setup else []
         return "\n".join([*lines, "exec " + shlex.join(argv)])
 
-    def argv(self, remote: str) -> List[str]:
-        """The local command that runs the shell line ``remote`` on the cluster through the master."""
-        return ["ssh", *self.options(), "-o", "ControlMaster=no", "-T", "--", self.target.host, remote]
+    def argv(self, remote: str, first: bool = False) -> List[str]:
+        """The local command that runs the shell line ``remote`` on the cluster through the master; ``first``:
+        the command that logs in and leaves the master behind."""
+        master = (
+            ["-o", "ControlMaster=auto", "-o", f"ControlPersist={PERSIST_S}"] if first else ["-o", "ControlMaster=no"]
+        )
+        return ["ssh", *self.options(), *master, "-T", "--", self.target.host, remote]
 
     def run(
         self, argv: Sequence[str], input: Optional[bytes] = None, timeout: Optional[float] = 120
@@ -161,9 +169,15 @@ class Connection:
         )
 
     def popen(
-        self, argv: Sequence[str], stdin: Union[int, IO[Any], None] = subprocess.DEVNULL, **kwargs: Any
+        self,
+        argv: Sequence[str],
+        stdin: Union[int, IO[Any], None] = subprocess.DEVNULL,
+        first: bool = False,
+        **kwargs: Any,
     ) -> "subprocess.Popen[bytes]":
-        return subprocess.Popen(self.argv(self.remote_command(argv)), stdin=stdin, **kwargs)
+        if first:
+            self.control_path.unlink(missing_ok=True)
+        return subprocess.Popen(self.argv(self.remote_command(argv), first), stdin=stdin, **kwargs)
 
     def rsync(self, args: Sequence[str], timeout: Optional[float] = 600) -> "subprocess.CompletedProcess[bytes]":
         """rsync through the master; ``args`` name remote paths as ``:path`` (the host is added here)."""

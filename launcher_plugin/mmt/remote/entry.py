@@ -219,7 +219,7 @@ def follow(log: Path, offset: int, pid: int, sweep_dir: str) -> int:
                 if time.monotonic() - quiet_since > 0.5:
                     out.write(ENDED)
                     break
-            time.sleep(0.05)
+            time.sleep(0.02)
     added = set()
     with tarfile.open(fileobj=out, mode="w|") as archive:
         for path in brought(sweep_dir):

@@ -20,6 +20,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -143,8 +144,7 @@ class RemoteLaunch:
 
     def _open(self) -> None:
         try:
-            self.connection.open()
-            self._entry = self._start_entry()
+            self._entry = self._start_entry(first=True)
             self.root = self._entry.checked["root"]
         except BaseException as exc:  # noqa: BLE001 - raised by ready(), in the launcher's thread
             self._failed = exc
@@ -174,13 +174,15 @@ class RemoteLaunch:
             )
         return bool(answer.get("code"))
 
-    def _start_entry(self) -> _Entry:
+    def _start_entry(self, first: bool = False) -> _Entry:
+        """The cluster's side, started and checked; ``first``: its command logs in (the launch's connection)."""
         process = self.connection.popen(
             [self.target.python, "-m", "mmt.remote.entry", "serve", self.target.remote_root, VERSION],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,  # the terminal's Ctrl-C is the launcher's to handle
+            first=first,
         )
         checked = _read_answer(process, self.target, "the check")
         if "error" in checked:
@@ -381,8 +383,6 @@ def _last_json(out: bytes) -> Optional[Dict[str, Any]]:
 def _keep_private_dirs(member: Any, dest: str) -> Any:
     """tarfile's "data" filter (nothing outside ``dest``, no devices, no group or world write), keeping a folder's
     mode, which that filter drops: a job's ``.mmt`` stays private here, as mmt reads a pickle only from there."""
-    import tarfile
-
     safe = tarfile.data_filter(member, dest)
     return safe.replace(mode=member.mode & 0o755, deep=False) if member.isdir() else safe
 
@@ -490,7 +490,6 @@ class _Follower:
 
     def _unpack(self, start: bytes, stream: io.BufferedReader) -> bool:
         """The records' archive that follows the console's end, into the sweep dir here."""
-        import tarfile
 
         class _Joined(io.RawIOBase):
             def __init__(self) -> None:
