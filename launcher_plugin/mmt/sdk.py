@@ -175,8 +175,15 @@ class Job(RegisteredJob):
 
     @classmethod
     def get(cls, name: str) -> "Job":
-        """Re-attach to a job started by any process (by its name)."""
+        """Re-attach to a job started by any process (by its name); a job launched from here onto a cluster reached
+        over SSH: a handle that asks the cluster (mmt.service.remote_handle, docs/remote.md)."""
         registry = Registry()
+        if registry.get(name) is None:
+            from mmt.service.remote_handle import find
+
+            remote = find(name)
+            if remote is not None:
+                return remote  # type: ignore[return-value]  # shaped like Job for what a remote job can answer
         registry.require(name)
         return cls(name, registry)
 

@@ -237,6 +237,39 @@ def test_detached_jobs_are_listed_logged_and_stopped_from_the_laptop(site):
     assert queued() == ""
 
 
+SDK = """
+import json, sys
+from pathlib import Path
+import mmt
+job = mmt.Job.get(sys.argv[1])
+seen = {"status": job.status.value, "log": job.logs(rank=1)}
+Path(sys.argv[2]).touch()  # the gate: the job may end now
+seen["ended"] = job.wait(timeout=240).value
+seen["result"], seen["here"] = job.result, (job.dir / "result.json").exists()
+print(json.dumps(seen))
+"""
+
+
+def test_the_sdk_on_the_laptop_follows_a_job_on_the_cluster(site):
+    gate = site.tmp / "gate"
+    done = site.launch(
+        "app.py",
+        "x=3",
+        "num_nodes=2",
+        "devices=2",
+        f"gate={gate}",
+        "hydra.launcher.detach=true",
+        "hydra.launcher.name=sdk",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    wait_until(Path(f"{gate}.started").exists, 180, "the detached job at its gate")
+    asked = site.laptop.run([PYTHON, "-c", SDK, "sdk-0", str(gate)], cwd=site.project, timeout=300)
+    assert asked.returncode == 0, asked.stdout + asked.stderr
+    seen = json.loads(asked.stdout.strip().splitlines()[-1])
+    assert seen["status"] == "Running" and "rank 1 of 4 on 0 says hello" in seen["log"]
+    assert seen["ended"] == "Completed" and seen["here"] is True and seen["result"]["loss"] == 2.25
+
+
 def test_a_cut_connection_is_restored_and_the_result_arrives(site):
     gate = site.tmp / "gate"
     launcher = site.start("app.py", "num_nodes=1", "devices=2", f"gate={gate}")

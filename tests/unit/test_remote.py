@@ -220,3 +220,27 @@ def test_the_archive_reader_takes_the_bytes_read_with_the_end_mark_first(tmp_pat
     follower = _follower(tmp_path, os.getpid())
     assert follower._unpack(raw[:700], io.BufferedReader(io.BytesIO(raw[700:])))  # type: ignore[arg-type]
     assert (tmp_path / "local" / "a" / "result.json").read_text() == "{}"
+
+
+def test_the_clusters_side_refuses_another_version_and_a_root_it_cannot_write(tmp_path):
+    from mmt.core.version import VERSION
+    from mmt.remote import entry
+
+    other = entry._check(str(tmp_path / "root"), "0.0.1")
+    assert other["key"] == "python" and f"the cluster's mmt is {VERSION}, the launcher's 0.0.1" in other["error"]
+    (tmp_path / "file").write_text("not a folder")
+    blocked = entry._check(str(tmp_path / "file" / "root"), VERSION)
+    assert blocked["key"] == "remote_root" and "cannot write there" in blocked["error"]
+    fine = entry._check(str(tmp_path / "root"), VERSION)
+    assert fine["root"] == str(tmp_path / "root") and {p.name for p in (tmp_path / "root").iterdir()} == {
+        "home",
+        "code",
+        "sweeps",
+    }
+
+
+def test_a_login_shell_without_slurm_is_said_as_such(monkeypatch):
+    from mmt.remote import entry
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert "not on the PATH" in str(entry._cluster_problem("slurm"))

@@ -135,6 +135,24 @@ class Backend(JobTracker[H]):
     #: rebuilds the backend from them)
     settings: Any
 
+    #: whether a launch can drive it from a machine that shares nothing with its cluster, over SSH to a login node
+    #: (mmt.remote, ``hydra.launcher.ssh``); such a backend implements the three methods below
+    runs_over_ssh: ClassVar[bool] = False
+
+    @classmethod
+    def cluster_problem(cls) -> Optional[str]:
+        """On the login node, before anything starts: why this backend's cluster cannot be used from here (its
+        commands missing, its controller silent), or None."""
+        return None
+
+    def plan_over_ssh(self) -> None:
+        """On the launcher's machine: plans are checked without the cluster's commands, which run on the login node."""
+        raise NotImplementedError(f"cluster={self.name} cannot be driven over SSH")
+
+    def settings_there(self, local_sweep_dir: str, remote_sweep_dir: str) -> Any:
+        """The settings as the login node's side builds the backend from: paths of the sweep dir moved there."""
+        return self.settings
+
     @abc.abstractmethod
     def __init__(self, settings: Any) -> None:
         """A backend from its validated settings."""

@@ -1,9 +1,10 @@
-"""The cluster's side of a launch over SSH: ``python -m mmt.remote.entry serve ROOT VERSION``, started by
+"""The cluster's side of a launch over SSH: ``python -m mmt.remote.entry serve ROOT VERSION BACKEND``, started by
 the launcher at its setup, over its connection.
 
 1. It checks what the launch needs there and answers in one JSON line: the remote root exists or can be made and is
-   writable, this mmt is the launcher's version, SLURM answers; then, given the launch's snapshot id (a line on
-   stdin), whether that code is there already. Nothing is started yet; a refusal is the launcher's one line.
+   writable, this mmt is the launcher's version; then, given the launch's snapshot id (a line on stdin), whether the
+   backend's cluster answers (``Backend.cluster_problem``) and whether that code is there already. Nothing is started
+   yet; a refusal is the launcher's one line.
 2. It imports the engine while the launcher plans, then reads the launch (a pickle, on stdin, until EOF; none: the
    launcher needed it not) and runs it as a launcher on the login node would: ``detach``: submitted, answered,
    done; attached: a process of its own session (it outlives the connection) runs the launch to its end with its
@@ -17,8 +18,6 @@ stdout carries the answers only; everything else goes to stderr.
 import json
 import os
 import pickle
-import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,22 +36,6 @@ ENDED = b"mmt: the launch has ended.\n"
 def _answer(message: Dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
-
-
-def _slurm_problem() -> Optional[str]:
-    """Why SLURM cannot be used from here (no squeue, or slurmctld does not answer), or None."""
-    if shutil.which("squeue") is None:
-        return "SLURM's commands (squeue) are not on the PATH of a login shell there"
-    try:
-        done = subprocess.run(
-            ["squeue", "--noheader", "--me", "--format=%i"], capture_output=True, text=True, timeout=30
-        )
-    except subprocess.TimeoutExpired:
-        return "squeue did not answer in 30 s (is slurmctld up?)"
-    if done.returncode != 0:
-        said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-        return f"squeue failed: {said}"
-    return None
 
 
 def _check(root_text: str, version: str) -> Dict[str, Any]:
@@ -238,6 +221,13 @@ def follow(log: Path, offset: int, pid: int, sweep_dir: str) -> int:
     return 0
 
 
+def _cluster_problem(backend: str) -> Optional[str]:
+    """Why the backend's cluster cannot be used from this login shell (its own check), or None."""
+    from mmt.backends.registry import backend_class
+
+    return backend_class(backend).cluster_problem()
+
+
 def _import_engine() -> None:
     import cloudpickle  # noqa: F401
 
@@ -253,23 +243,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     if verb != "serve":
         print(f"mmt.remote.entry: unknown verb {verb!r}", file=sys.stderr)
         return 2
-    root_text, version = args
+    root_text, version, backend = args
     checked = _check(root_text, version)
     _answer(checked)
     if "error" in checked:
         return 1
     root = Path(checked["root"])
     # SLURM asked, and the engine imported, while the launcher takes its snapshot and plans its jobs
-    slurm: List[Optional[str]] = []
-    asked = threading.Thread(target=lambda: slurm.append(_slurm_problem()), name="ask-slurm", daemon=True)
+    cluster: List[Optional[str]] = []
+    asked = threading.Thread(target=lambda: cluster.append(_cluster_problem(backend)), name="ask-cluster", daemon=True)
     warm = threading.Thread(target=_import_engine, name="import-engine", daemon=True)
     asked.start()
     warm.start()
     # the launch's snapshot id, once the launcher has taken it (a line; empty: the launch has no snapshot)
     line = sys.stdin.buffer.readline().strip().decode()
     asked.join()
-    if slurm[0] is not None:
-        _answer({"error": slurm[0], "key": "setup"})
+    if cluster[0] is not None:
+        _answer({"error": cluster[0], "key": "setup"})
         return 1
     _answer({"code": bool(line) and (root / CODE / line).is_dir()})
     warm.join()

@@ -20,7 +20,9 @@ def _command(job: known.RemoteJob, argv: List[str]) -> List[str]:
     return ["env", f"MMT_HOME={job.root}/{HOME}", job.ssh.python, "-m", "mmt.cli.main", *argv]
 
 
-def named(verb: str, name: Optional[str], argv: List[str], local_names: Callable[[], List[str]]) -> Optional[int]:
+def named(
+    verb: str, name: Optional[str], argv: List[str], local_names: Callable[[], List[str]], quiet: bool = False
+) -> Optional[int]:
     """Run ``argv`` where the job ``name`` lives, when it lives on a cluster reached over SSH (and the registry
     here, ``local_names``, has no job of that name); its exit status. None: it is not such a job."""
     if verb not in NAMED or not name:
@@ -32,7 +34,8 @@ def named(verb: str, name: Optional[str], argv: List[str], local_names: Callable
     connection = Connection(job.ssh)
     connection.open()
     try:
-        process = connection.popen(_command(job, argv), stdin=subprocess.DEVNULL)
+        out = subprocess.DEVNULL if quiet else None  # quiet: the SDK's call, which answers in values, not lines
+        process = connection.popen(_command(job, argv), stdin=subprocess.DEVNULL, stdout=out, stderr=out)
         try:
             code = process.wait()
         except KeyboardInterrupt:
@@ -46,6 +49,16 @@ def named(verb: str, name: Optional[str], argv: List[str], local_names: Callable
             for each in jobs:
                 known.forget(each.name)
         return code
+    finally:
+        connection.close()
+
+
+def captured(job: known.RemoteJob, argv: List[str]) -> "subprocess.CompletedProcess[bytes]":
+    """``argv`` run where ``job`` lives, its output captured (the SDK's calls)."""
+    connection = Connection(job.ssh)
+    connection.open()
+    try:
+        return connection.run(_command(job, argv), timeout=None)
     finally:
         connection.close()
 

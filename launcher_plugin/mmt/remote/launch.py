@@ -99,6 +99,7 @@ class RemoteLaunch:
         self.root = ""
         self.snapshot: Optional[CodeSnapshot] = None  # the launch's snapshot, as the cluster has it
         self._entry: Optional[_Entry] = None
+        self.backend_name = "slurm"
         self._opening: Optional[threading.Thread] = None
         self._failed: Optional[BaseException] = None
         # the cluster's sides that took a launch: they exit once they have answered
@@ -106,18 +107,19 @@ class RemoteLaunch:
 
     @classmethod
     def for_backend(cls, target: SshTarget, backend: Backend[Any]) -> "RemoteLaunch":
-        """The launch's link, for a backend that can be driven over SSH (SLURM's, today): its commands are then
-        not looked for here."""
-        settings = backend.settings
-        if not hasattr(settings, "over_ssh"):
+        """The launch's link, for a backend that can be driven over SSH (``Backend.runs_over_ssh``: SLURM's,
+        today): its plans are then checked without its cluster's commands."""
+        if not backend.runs_over_ssh:
             raise ConfigError(
                 KEY,
                 target.host,
-                f"cluster={backend.name} cannot be reached over SSH (only cluster=slurm can)",
-                f"leave {KEY} out, or use cluster=slurm",
+                f"cluster={backend.name} cannot be reached over SSH",
+                f"leave {KEY} out, or use a cluster that can (mmt.backends: runs_over_ssh)",
             )
-        backend.settings = replace(settings, over_ssh=True)
-        return cls(target, None)
+        backend.plan_over_ssh()
+        launch = cls(target, None)
+        launch.backend_name = backend.name
+        return launch
 
     # -- setup --------------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -177,7 +179,15 @@ class RemoteLaunch:
     def _start_entry(self, first: bool = False) -> _Entry:
         """The cluster's side, started and checked; ``first``: its command logs in (the launch's connection)."""
         process = self.connection.popen(
-            [self.target.python, "-m", "mmt.remote.entry", "serve", self.target.remote_root, VERSION],
+            [
+                self.target.python,
+                "-m",
+                "mmt.remote.entry",
+                "serve",
+                self.target.remote_root,
+                VERSION,
+                self.backend_name,
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -308,17 +318,7 @@ class RemoteLaunch:
         remote_sweep: str,
         console_log: str,
     ) -> bytes:
-        local_settings = backend.settings
-        folder = getattr(local_settings, "folder", None)
-        if isinstance(folder, str) and folder:  # submitit's folder (SLURM): in the sweep dir there
-            local = str(settings.sweep_dir.absolute())
-            absolute = os.path.abspath(folder)
-            moved = (
-                remote_sweep + absolute[len(local) :] if absolute.startswith(local) else f"{remote_sweep}/.submitit/%j"
-            )
-            local_settings = replace(local_settings, folder=moved)
-        if hasattr(local_settings, "over_ssh"):
-            local_settings = replace(local_settings, over_ssh=False)  # there, SLURM's commands are at hand
+        local_settings = backend.settings_there(str(settings.sweep_dir.absolute()), remote_sweep)
         options = LaunchOptions(sweep_dir=Path(remote_sweep), console=settings.console)
         inner = cloudpickle.dumps(
             {"jobs": list(jobs), "backend": type(backend), "settings": local_settings, "options": options}

@@ -8,6 +8,7 @@ page read); a job that can never start (``pending``) is cancelled at once and FA
 its partition offers; and a scheduler that stops answering is said so, with since when.
 """
 
+import dataclasses
 import functools
 import os
 import secrets
@@ -21,7 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from mmt.backends.base import Submission
 from mmt.backends.scheduled import STOP_RETRY_S, ScheduledBackend, ScheduledJob
-from mmt.backends.slurm import oci, pending, queue, records
+from mmt.backends.slurm import oci, over_ssh, pending, queue, records
 from mmt.backends.slurm.conclusion import conclude
 from mmt.backends.slurm.nodes import lost_by_run, lost_in_run, lost_node_detail, node_fail_kwargs
 from mmt.backends.slurm.sbatch import (
@@ -212,6 +213,20 @@ class SlurmBackend(ScheduledBackend[SlurmJob, SlurmSettings], name="slurm", sett
     def __init__(self, settings: SlurmSettings) -> None:
         super().__init__(settings)
         self._asked = _Asked()
+
+    # ------------------------------------------------------------------------------------------ over SSH
+
+    runs_over_ssh = True
+
+    @classmethod
+    def cluster_problem(cls) -> Optional[str]:
+        return over_ssh.cluster_problem()
+
+    def plan_over_ssh(self) -> None:
+        self.settings = dataclasses.replace(self.settings, over_ssh=True)
+
+    def settings_there(self, local_sweep_dir: str, remote_sweep_dir: str) -> SlurmSettings:
+        return over_ssh.settings_there(self.settings, local_sweep_dir, remote_sweep_dir)
 
     # ------------------------------------------------------------------------------------------ planning
 
