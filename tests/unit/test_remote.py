@@ -244,3 +244,23 @@ def test_a_login_shell_without_slurm_is_said_as_such(monkeypatch):
 
     monkeypatch.setenv("PATH", "/nonexistent")
     assert "not on the PATH" in str(entry._cluster_problem("slurm"))
+
+
+def test_a_result_of_an_earlier_run_into_the_same_dir_is_not_this_runs(tmp_path):
+    """A rerun into the same sweep dir: until this run's records come back, the job has not ended here."""
+    import json as json_module
+
+    from mmt.core.jobdir import Attempt
+    from mmt.launching.jobs import Submitted
+
+    follower = _follower(tmp_path, os.getpid())
+    job_dir = tmp_path / "local" / "0"
+    job_dir.mkdir(parents=True)
+    (job_dir / "result.json").write_text(
+        json_module.dumps({"schema": 1, "job": 0, "name": "j-0", "status": "COMPLETED", "attempt": "earlier"})
+    )
+    plan: Any = type("Plan", (), {"num": 0, "name": "j-0"})()
+    this_run = Submitted(plan=plan, attempt=Attempt(job_dir / ".mmt" / "attempts" / "this"), backend="slurm")
+    assert follower._report(this_run) is None
+    earlier = Submitted(plan=plan, attempt=Attempt(job_dir / ".mmt" / "attempts" / "earlier"), backend="slurm")
+    assert follower._report(earlier) is not None

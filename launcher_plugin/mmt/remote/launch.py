@@ -585,8 +585,8 @@ class _Follower:
             record = read_result(job_dir)
         except UnknownSchemaError:
             record = None
-        if record is None:
-            return None
+        if record is None or record.attempt != item.attempt.id:
+            return None  # not ended yet (a result.json of an earlier run into the same dir is not this run's)
         return JobReport(
             plan=item.plan,
             outcome=outcome_of_record(record),
