@@ -136,14 +136,9 @@ class Backend(JobTracker[H]):
     settings: Any
 
     #: whether a launch can drive it from a machine that shares nothing with its cluster, over SSH to a login node
-    #: (mmt.remote, ``hydra.launcher.ssh``); such a backend implements the three methods below
+    #: (mmt.remote, ``hydra.launcher.ssh``); such a backend implements the two methods below, and its spec names
+    #: its ``cluster_check``
     runs_over_ssh: ClassVar[bool] = False
-
-    @classmethod
-    def cluster_problem(cls) -> Optional[str]:
-        """On the login node, before anything starts: why this backend's cluster cannot be used from here (its
-        commands missing, its controller silent), or None."""
-        return None
 
     def plan_over_ssh(self) -> None:
         """On the launcher's machine: plans are checked without the cluster's commands, which run on the login node."""

@@ -34,6 +34,10 @@ class BackendSpec:
     config: Optional[str] = None
     #: the Python package holding ``cluster/<name>.yaml`` (Hydra's search path gets ``pkg://<conf>``)
     conf: Optional[str] = None
+    #: ``package.module:function``: on a login node reached over SSH (mmt.remote), why the backend's cluster cannot be
+    #: used from there (its commands missing, its controller silent), or None; checked before anything starts, so
+    #: light to import. None for a backend that is not driven over SSH (``Backend.runs_over_ssh``)
+    cluster_check: Optional[str] = None
 
     @classmethod
     def of_package(cls, package: str, backend: str, config: str, noun: Optional[str], help: str) -> "BackendSpec":

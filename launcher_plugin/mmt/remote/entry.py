@@ -3,7 +3,7 @@ the launcher at its setup, over its connection.
 
 1. It checks what the launch needs there and answers in one JSON line: the remote root exists or can be made and is
    writable, this mmt is the launcher's version; then, given the launch's snapshot id (a line on stdin), whether the
-   backend's cluster answers (``Backend.cluster_problem``) and whether that code is there already. Nothing is started
+   backend's cluster answers (its spec's ``cluster_check``) and whether that code is there already. Nothing is started
    yet; a refusal is the launcher's one line.
 2. It imports the engine while the launcher plans, then reads the launch (a pickle, on stdin, until EOF; none: the
    launcher needed it not) and runs it as a launcher on the login node would: ``detach``: submitted, answered,
@@ -222,15 +222,25 @@ def follow(log: Path, offset: int, pid: int, sweep_dir: str) -> int:
 
 
 def _cluster_problem(backend: str) -> Optional[str]:
-    """Why the backend's cluster cannot be used from this login shell (its own check), or None."""
-    from mmt.backends.registry import backend_class
+    """Why the backend's cluster cannot be used from this login shell (its spec's ``cluster_check``), or None."""
+    import importlib
 
-    return backend_class(backend).cluster_problem()
+    from mmt.backends.registry import spec
+
+    check = spec(backend).cluster_check
+    if check is None:
+        return f"cluster={backend} cannot be driven over SSH"
+    module, function = check.split(":")
+    problem = getattr(importlib.import_module(module), function)()
+    return None if problem is None else str(problem)
 
 
-def _import_engine() -> None:
+def _import_engine(backend: str) -> None:
     import cloudpickle  # noqa: F401
 
+    from mmt.backends.registry import backend_class
+
+    backend_class(backend)  # its class, which the launch's pickle names
     import mmt.launching.engine  # noqa: F401
     import mmt.launching.session  # noqa: F401
 
@@ -252,7 +262,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     # SLURM asked, and the engine imported, while the launcher takes its snapshot and plans its jobs
     cluster: List[Optional[str]] = []
     asked = threading.Thread(target=lambda: cluster.append(_cluster_problem(backend)), name="ask-cluster", daemon=True)
-    warm = threading.Thread(target=_import_engine, name="import-engine", daemon=True)
+    warm = threading.Thread(target=lambda: _import_engine(backend), name="import-engine", daemon=True)
     asked.start()
     warm.start()
     # the launch's snapshot id, once the launcher has taken it (a line; empty: the launch has no snapshot)

@@ -218,10 +218,6 @@ class SlurmBackend(ScheduledBackend[SlurmJob, SlurmSettings], name="slurm", sett
 
     runs_over_ssh = True
 
-    @classmethod
-    def cluster_problem(cls) -> Optional[str]:
-        return over_ssh.cluster_problem()
-
     def plan_over_ssh(self) -> None:
         self.settings = dataclasses.replace(self.settings, over_ssh=True)
 

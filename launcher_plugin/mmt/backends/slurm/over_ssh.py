@@ -5,9 +5,10 @@ import dataclasses
 import os
 import shutil
 import subprocess
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from mmt.backends.slurm.sbatch import SlurmSettings
+if TYPE_CHECKING:  # light: the login node's side imports this module before the engine
+    from mmt.backends.slurm.sbatch import SlurmSettings
 
 # how long the login node's side waits for squeue's answer before it says SLURM does not answer
 ANSWER_S = 30
@@ -29,7 +30,7 @@ def cluster_problem() -> Optional[str]:
     return None
 
 
-def settings_there(settings: SlurmSettings, local_sweep_dir: str, remote_sweep_dir: str) -> SlurmSettings:
+def settings_there(settings: "SlurmSettings", local_sweep_dir: str, remote_sweep_dir: str) -> "SlurmSettings":
     """submitit's folder in the sweep dir there (it was resolved against the launcher's), SLURM's commands at hand."""
     folder = os.path.abspath(settings.folder)
     if folder == local_sweep_dir or folder.startswith(local_sweep_dir.rstrip("/") + "/"):
