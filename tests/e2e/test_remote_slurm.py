@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import hydra
+from hydra.utils import to_absolute_path
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="app")
@@ -44,7 +45,9 @@ def main(cfg):
         deadline = time.time() + 240
         while not Path(cfg.gate).exists() and time.time() < deadline:
             time.sleep(0.1)
-    return {"loss": (cfg.x - 1.5) ** 2, "x": cfg.x, "world": world, "file": __file__}
+    conf = to_absolute_path("conf/app.yaml")  # the laptop's project's file, as the job finds it there
+    found = Path(conf).is_file()
+    return {"loss": (cfg.x - 1.5) ** 2, "x": cfg.x, "world": world, "file": __file__, "conf": conf, "conf_there": found}
 
 
 if __name__ == "__main__":
@@ -189,6 +192,9 @@ def test_a_sweep_of_four_jobs_brings_back_every_value(site):
         assert result["status"] == "COMPLETED"
         assert result["return_value"]["x"] == x and result["return_value"]["loss"] == (x - 1.5) ** 2
         assert result["return_value"]["file"].startswith(f"{site.remote_root}/code/")
+        assert result["return_value"]["conf_there"] and result["return_value"]["conf"].startswith(
+            f"{site.remote_root}/code/"
+        )
         assert site.laptop.exists(Path(site.sweep("sweep")) / str(x) / ".mmt" / "attempts")
     assert site.laptop.read(site.sweep("sweep") / "summary.csv").count("COMPLETED") == 4
 

@@ -237,10 +237,14 @@ class RemoteLaunch:
     def relocator(self, local_sweep_dir: Path) -> Callable[[DictConfig], None]:
         """Amends each job's config: its dir is in the remote root (the paths its processes see are the cluster's)."""
         remote = self.remote_sweep_dir(local_sweep_dir)
+        # Hydra's original cwd (get_original_cwd, to_absolute_path) as the job sees it: in the code synced there
+        cwd = self.snapshot.remap(os.getcwd()) if self.snapshot is not None else None
 
         def relocate(config: DictConfig) -> None:
             with open_dict(config):
                 config.hydra.sweep.dir = remote
+                if cwd is not None:
+                    config.hydra.runtime.cwd = cwd
 
         return relocate
 
