@@ -120,7 +120,6 @@ def test_where_each_job_lives_is_remembered_by_name_and_by_launch(tmp_path, monk
     assert [j.name for j in known.named("far-1")] == ["far-1"]
     assert [j.name for j in known.named("far")] == ["far-0", "far-1"]
     assert known.named("fa") == [] and known.named("far-0")[0].ssh == target
-    assert known.local_path(jobs[0], "/r/s/0/result.json") == "/l/0/result.json"
     assert oct((tmp_path / "home" / "remote" / "far-0.json").stat().st_mode & 0o777) == "0o600"
     known.forget("far-0")
     assert [j.name for j in known.named("far")] == ["far-1"]
@@ -134,7 +133,7 @@ class _Here:
 
 
 def _follower(tmp_path: Path, pid: int) -> _Follower:
-    launch = RemoteLaunch(settings.SshTarget(host="here", remote_root=str(tmp_path)), None)
+    launch = RemoteLaunch(settings.SshTarget(host="here", remote_root=str(tmp_path)), "slurm")
     launch.connection = _Here()  # type: ignore[assignment]
     (tmp_path / "local").mkdir()
     return _Follower(launch, pid, str(tmp_path / "sweep" / "console.log"), str(tmp_path / "sweep"), tmp_path / "local")

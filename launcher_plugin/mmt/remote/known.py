@@ -3,7 +3,6 @@ target, where its dir is there and its mirror here), written when the job is sub
 inspect/wait/stop/delete`` run on the launcher's machine find it (mmt.remote.forward)."""
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List
@@ -64,9 +63,3 @@ def named(name: str) -> List[RemoteJob]:
     if exact:
         return exact
     return [job for job in jobs if job.name.startswith(name + "-") and job.name[len(name) + 1 :].isdigit()]
-
-
-def local_path(job: RemoteJob, remote: str) -> str:
-    """A path of the job's sweep dir there, in its mirror here."""
-    rest = os.path.relpath(remote, job.remote_sweep_dir)
-    return os.path.normpath(os.path.join(job.local_sweep_dir, rest))

@@ -93,13 +93,14 @@ def _read_answer(process: "subprocess.Popen[bytes]", target: SshTarget, what: st
 
 
 class RemoteLaunch:
-    def __init__(self, target: SshTarget, snapshot: Optional[LaunchSnapshot]) -> None:
-        self.target, self.local_snapshot = target, snapshot
+    def __init__(self, target: SshTarget, backend_name: str) -> None:
+        self.target, self.backend_name = target, backend_name
+        # the launch's snapshot here (the launcher takes it after opening the connection), and as the cluster has it
+        self.local_snapshot: Optional[LaunchSnapshot] = None
         self.connection = Connection(target)
         self.root = ""
-        self.snapshot: Optional[CodeSnapshot] = None  # the launch's snapshot, as the cluster has it
+        self.snapshot: Optional[CodeSnapshot] = None
         self._entry: Optional[_Entry] = None
-        self.backend_name = "slurm"
         self._opening: Optional[threading.Thread] = None
         self._failed: Optional[BaseException] = None
         # the cluster's sides that took a launch: they exit once they have answered
@@ -117,9 +118,7 @@ class RemoteLaunch:
                 f"leave {KEY} out, or use a cluster that can (mmt.backends: runs_over_ssh)",
             )
         backend.plan_over_ssh()
-        launch = cls(target, None)
-        launch.backend_name = backend.name
-        return launch
+        return cls(target, backend.name)
 
     # -- setup --------------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -161,11 +160,12 @@ class RemoteLaunch:
             self._sync_code(local)
 
     def _ask_code(self, entry: "_Entry", code_id: str) -> bool:
-        """Whether the cluster has the snapshot ``code_id`` (""; none), with its answer whether SLURM answers."""
+        """Whether the cluster has the snapshot ``code_id`` (""; none), with its answer whether its scheduler
+        answers (the backend's ``cluster_check``)."""
         stdin = cast(IO[bytes], entry.process.stdin)
         stdin.write(f"{code_id}\n".encode())
         stdin.flush()
-        answer = _read_answer(entry.process, self.target, "the check of SLURM")
+        answer = _read_answer(entry.process, self.target, "the check of the cluster")
         if "error" in answer:
             entry.process.kill()
             raise ConfigError(
