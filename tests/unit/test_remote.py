@@ -263,3 +263,18 @@ def test_a_result_of_an_earlier_run_into_the_same_dir_is_not_this_runs(tmp_path)
     assert follower._report(this_run) is None
     earlier = Submitted(plan=plan, attempt=Attempt(job_dir / ".mmt" / "attempts" / "earlier"), backend="slurm")
     assert follower._report(earlier) is not None
+
+
+def test_two_launches_that_synced_one_new_snapshot_at_once_leave_one_copy(tmp_path):
+    from mmt.remote.entry import _place
+
+    final = tmp_path / "code" / "abc"
+    for n in (1, 2):
+        partial = tmp_path / "code" / f".abc.{n}.partial"
+        (partial / "pkg").mkdir(parents=True)
+        (partial / "pkg" / "a.py").write_text(f"copy {n}")
+    _place(tmp_path / "code" / ".abc.1.partial", final)
+    _place(tmp_path / "code" / ".abc.2.partial", final)  # the second finds it placed: its own copy goes
+    _place(tmp_path / "code" / ".abc.3.partial", final)  # a later batch of the launch: nothing to place
+    assert (final / "pkg" / "a.py").read_text() == "copy 1"
+    assert sorted(p.name for p in (tmp_path / "code").iterdir()) == ["abc"]

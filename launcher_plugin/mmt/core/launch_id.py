@@ -34,6 +34,13 @@ def current() -> LaunchId:
     return _current
 
 
+def adopt(given: LaunchId) -> None:
+    """This process plans no launch of its own: it runs one another process planned (the cluster's side of a launch
+    over SSH), whose job names and ids it keeps."""
+    global _current
+    _current = given
+
+
 def renew() -> LaunchId:
     global _current
     _current = _new()

@@ -61,14 +61,13 @@ def _run(spec: Dict[str, Any], root: Path) -> None:
 
     os.environ["MMT_HOME"] = str(root / HOME)
     snapshot = spec["snapshot"]
-    partial = root / CODE / f".{snapshot.id}.partial" if snapshot is not None else None
-    if partial is not None and partial.is_dir() and not Path(snapshot.root).exists():
-        os.rename(partial, snapshot.root)  # the launcher synced it just now: complete from here on
+    if spec.get("code_partial"):
+        _place(root / CODE / spec["code_partial"], Path(snapshot.root))
     path = remapped_path(snapshot, spec["sys_path"]) if snapshot is not None else list(spec["sys_path"])
     sys.path[:] = import_path(path, spec["prefixes"])
     activate(snapshot)
     os.chdir(snapshot.moved(spec["cwd"]) if snapshot is not None else root)
-    ids._current = spec["launch_id"]  # the job names and ids the launcher planned
+    ids.adopt(spec["launch_id"])  # the job names and ids the launcher planned
     import cloudpickle
 
     inner = cloudpickle.loads(spec["inner"])
@@ -88,6 +87,21 @@ def _run(spec: Dict[str, Any], root: Path) -> None:
         _answer({"submitted": [_submitted(s) for s in submitted]})
         return
     _attached(jobs, backend, options, Path(spec["console_log"]))
+
+
+def _place(partial: Path, final: Path) -> None:
+    """The code the launcher synced just now, complete from here on; when another launch placed the same snapshot
+    first (two launches of one new snapshot at once), that one stays and this copy goes."""
+    if not partial.is_dir():
+        return
+    try:
+        os.rename(partial, final)
+    except OSError:
+        if not final.is_dir():
+            raise
+        import shutil
+
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def _submitted(item: Any) -> Dict[str, Any]:

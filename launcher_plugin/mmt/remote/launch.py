@@ -105,6 +105,8 @@ class RemoteLaunch:
         self._failed: Optional[BaseException] = None
         # the cluster's sides that took a launch: they exit once they have answered
         self._handed: List["subprocess.Popen[bytes]"] = []
+        # where this launch synced its snapshot, before the cluster's side renames it into place (None: not synced)
+        self._partial: Optional[str] = None
 
     @classmethod
     def for_backend(cls, target: SshTarget, backend: Backend[Any]) -> "RemoteLaunch":
@@ -208,9 +210,12 @@ class RemoteLaunch:
         return _Entry(process, checked)
 
     def _sync_code(self, local: CodeSnapshot) -> None:
-        """The snapshot's tree into ``<root>/code/.<id>.partial``, which the cluster's side renames to its place
+        """The snapshot's tree into ``<root>/code/.<id>.<launch>.partial``, which the cluster's side renames to its place
         before the first job reads it; files of the code synced before are linked there, not sent again."""
-        partial = f"{self.root}/{CODE}/.{local.id}.partial/"
+        # a folder of this launch's own: two launches of one new snapshot at once each sync it, the first one
+        # renamed into place wins and the other's is removed (mmt.remote.entry)
+        self._partial = f".{local.id}.{os.getpid()}-{time.time_ns()}.partial"
+        partial = f"{self.root}/{CODE}/{self._partial}/"
         links = [f"--link-dest=../{p.name}" for p in self._earlier_code()]
         done = self.connection.rsync(["-a", "--whole-file", "--delete", *links, f"{local.root}/", f":{partial}"])
         if done.returncode != 0:
@@ -336,6 +341,7 @@ class RemoteLaunch:
                 "launch_id": launch_id.current(),
                 "inner": inner,
                 "detach": settings.detach,
+                "code_partial": self._partial,
                 "console_log": console_log,
             }
         )
