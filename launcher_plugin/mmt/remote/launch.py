@@ -210,8 +210,8 @@ class RemoteLaunch:
         return _Entry(process, checked)
 
     def _sync_code(self, local: CodeSnapshot) -> None:
-        """The snapshot's tree into ``<root>/code/.<id>.<launch>.partial``, which the cluster's side renames to its place
-        before the first job reads it; files of the code synced before are linked there, not sent again."""
+        """The snapshot's tree into ``<root>/code/.<id>.<launch>.partial``, which the cluster's side renames to its
+        place before the first job reads it; files of the code synced before are linked there, not sent again."""
         # a folder of this launch's own: two launches of one new snapshot at once each sync it, the first one
         # renamed into place wins and the other's is removed (mmt.remote.entry)
         self._partial = f".{local.id}.{os.getpid()}-{time.time_ns()}.partial"
