@@ -370,8 +370,20 @@ def _unknown_host_key(site: "Site") -> List[str]:
             "Invalid hydra.launcher.ssh.remote_root='/proc/mmt': cannot write there",
         ),
         (lambda s: _with(s.ssh, "setup", "['export SLURM_CONF=/nonexistent']"), "Invalid hydra.launcher.ssh.setup="),
+        (
+            lambda s: [*s.ssh, "hydra.launcher.dashboard=true"],
+            "Invalid hydra.launcher.dashboard=True: a launch over SSH",
+        ),
     ],
-    ids=["unknown-host", "unknown-host-key", "refused-key", "no-mmt-there", "root-not-writable", "slurm-silent"],
+    ids=[
+        "unknown-host",
+        "unknown-host-key",
+        "refused-key",
+        "no-mmt-there",
+        "root-not-writable",
+        "slurm-silent",
+        "page",
+    ],
 )
 def test_bad_input_is_one_line_before_anything_starts(site, change, says):
     done = site.laptop.run(

@@ -264,6 +264,13 @@ class RemoteLaunch:
         if any(job.plan.dry_run for job in jobs):
             return session.DryRun(backend.name, [dryrun.render(job.plan, backend.describe(job.plan)) for job in jobs])
         settings.refuse_what_cannot_be_done("launch")
+        if settings.dashboard:
+            raise ConfigError(
+                "hydra.launcher.dashboard",
+                True,
+                "a launch over SSH has no live page on this machine (its job dirs are on the cluster)",
+                f"leave it out, and run `mmt dashboard` on the login node with MMT_HOME={self.root}/home",
+            )
         local_sweep = settings.sweep_dir.absolute()
         remote_sweep = self.remote_sweep_dir(local_sweep)
         self.ready()
