@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import pytest
 from omegaconf import OmegaConf
@@ -137,6 +137,13 @@ class Site:
             out=self.tmp / "out.txt",
             cwd=self.project,
         )
+
+    def start_at_gate(self, *overrides: str) -> Tuple[Path, subprocess.Popen]:
+        """The small app launched attached with a gate; returned once its job waits there (the gate, the launcher)."""
+        gate = self.tmp / "gate"
+        launcher = self.start("app.py", "num_nodes=1", "devices=2", f"gate={gate}", *overrides)
+        wait_until(Path(f"{gate}.started").exists, 180, "the job at its gate")
+        return gate, launcher
 
     def sweep(self, name: str) -> Path:
         return self.project / "multirun" / name
@@ -277,9 +284,7 @@ def test_the_sdk_on_the_laptop_follows_a_job_on_the_cluster(site):
 
 
 def test_a_cut_connection_is_restored_and_the_result_arrives(site):
-    gate = site.tmp / "gate"
-    launcher = site.start("app.py", "num_nodes=1", "devices=2", f"gate={gate}")
-    wait_until(Path(f"{gate}.started").exists, 180, "the job at its gate")
+    gate, launcher = site.start_at_gate()
     time.sleep(1.0)  # the launcher follows the console
     site.node.cut()
     wait_until(
@@ -296,9 +301,7 @@ def test_a_cut_connection_is_restored_and_the_result_arrives(site):
 
 
 def test_ctrl_c_on_the_laptop_stops_the_jobs_on_the_cluster(site):
-    gate = site.tmp / "gate"
-    launcher = site.start("app.py", "num_nodes=1", "devices=2", f"gate={gate}")
-    wait_until(Path(f"{gate}.started").exists, 180, "the job at its gate")
+    _, launcher = site.start_at_gate()
     launcher.send_signal(signal.SIGINT)
     assert launcher.wait(timeout=120) == 130, site.output()[-3000:]
     assert "stopping the jobs on mmt-login" in site.output()
@@ -309,16 +312,7 @@ def test_ctrl_c_on_the_laptop_stops_the_jobs_on_the_cluster(site):
 
 
 def test_past_the_grace_the_launcher_gives_up_and_mmt_wait_reattaches(site):
-    gate = site.tmp / "gate"
-    launcher = site.start(
-        "app.py",
-        "num_nodes=1",
-        "devices=2",
-        f"gate={gate}",
-        "hydra.launcher.name=graceful",
-        "+hydra.launcher.ssh.grace_s=3",
-    )
-    wait_until(Path(f"{gate}.started").exists, 180, "the job at its gate")
+    gate, launcher = site.start_at_gate("hydra.launcher.name=graceful", "+hydra.launcher.ssh.grace_s=3")
     time.sleep(1.0)
     site.node.cut()
     assert launcher.wait(timeout=120) != 0

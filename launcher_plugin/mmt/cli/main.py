@@ -550,20 +550,18 @@ def _dashboard(argv: List[str]) -> int:
 def _where_it_lives(args: argparse.Namespace, argv: List[str]) -> Optional[int]:
     """A job launched over SSH (and unknown to the registry here): the command runs on its cluster
     (mmt.remote.forward); its exit status. None: the job is here."""
+    from mmt.records.registry import Registry
     from mmt.remote import forward
 
     name = getattr(args, "name", None)
     if args.verb not in forward.NAMED or not name:
         return None
-    from mmt.records.registry import Registry
-
-    def local() -> List[str]:
-        try:
-            return [record.name for record in Registry().list()]
-        except MMTError:
-            return []
-
-    return forward.named(args.verb, name, argv, local)
+    try:
+        if Registry().get(name) is not None:
+            return None
+    except MMTError:
+        pass  # an unusable registry here: the verb says so, unless the job lives on a cluster
+    return forward.named(args.verb, name, argv)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

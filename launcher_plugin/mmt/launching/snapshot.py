@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from mmt.core.errors import ConfigError
 from mmt.core.snapshot import CodeSnapshot
+from mmt.planning.validate import settings_block
 from mmt.records.registry import home
 from mmt.records.snapshot_files import EXCLUDE_KEY, KEY, list_project
 from mmt.records.snapshot_store import SnapshotStore
@@ -45,13 +46,8 @@ class SnapshotSettings:
         raw = OmegaConf.select(launcher_cfg, "snapshot", default=None)
         if raw is None or isinstance(raw, bool):
             return cls(enabled=raw is not False)
-        if not OmegaConf.is_dict(raw):
-            raise ConfigError(KEY, raw, "expected true, false, or {enabled, exclude, max_mb, dir}", f"e.g. {KEY}=false")
-        given = OmegaConf.to_container(raw, resolve=True)
-        assert isinstance(given, dict)
-        unknown = sorted(str(k) for k in given if k not in _FIELDS)
-        if unknown:
-            raise ConfigError(f"{KEY}.{unknown[0]}", given[unknown[0]], f"expected one of {list(_FIELDS)}")
+        expected = "expected true, false, or {enabled, exclude, max_mb, dir}"
+        given = settings_block(KEY, raw, _FIELDS, expected, f"e.g. {KEY}=false")
         enabled = given.get("enabled", True)
         if not isinstance(enabled, bool):
             raise ConfigError(f"{KEY}.enabled", enabled, "expected true or false")

@@ -36,6 +36,19 @@ def plain(value: Any) -> Any:
     return value
 
 
+def settings_block(key: str, raw: Any, fields: Sequence[str], expected: str, hint: str) -> Dict[str, Any]:
+    """A block of settings given as a mapping (``hydra.launcher.snapshot``, ``hydra.launcher.ssh``), as plain
+    values; anything else, or a key it does not have, is one line naming the key."""
+    if not OmegaConf.is_dict(raw):
+        raise ConfigError(key, raw, expected, hint)
+    given = OmegaConf.to_container(raw, resolve=True)
+    assert isinstance(given, dict)
+    unknown = sorted(str(k) for k in given if k not in fields)
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}", given[unknown[0]], f"expected one of {list(fields)}")
+    return {str(k): v for k, v in given.items()}
+
+
 def whole_number(key: str, value: Any, minimum: int, hint: str, maximum: Optional[int] = None) -> int:
     value = plain(value)
     # bool is an int in Python; `num_nodes=true` is still a mistake

@@ -6,7 +6,7 @@ its sweep dir here, ``delete`` forgets the job here too."""
 import json
 import subprocess
 import sys
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from mmt.remote import known, results
 from mmt.remote.connection import Connection
@@ -20,15 +20,11 @@ def _command(job: known.RemoteJob, argv: List[str]) -> List[str]:
     return ["env", f"MMT_HOME={job.root}/{HOME}", job.ssh.python, "-m", "mmt.cli.main", *argv]
 
 
-def named(
-    verb: str, name: Optional[str], argv: List[str], local_names: Callable[[], List[str]], quiet: bool = False
-) -> Optional[int]:
-    """Run ``argv`` where the job ``name`` lives, when it lives on a cluster reached over SSH (and the registry
-    here, ``local_names``, has no job of that name); its exit status. None: it is not such a job."""
-    if verb not in NAMED or not name:
-        return None
+def named(verb: str, name: str, argv: List[str], quiet: bool = False) -> Optional[int]:
+    """Run ``argv`` where the job (or launch) ``name`` lives, on a cluster reached over SSH; its exit status.
+    None: no job launched from here over SSH has that name."""
     jobs = known.named(name)
-    if not jobs or name in local_names():
+    if not jobs:
         return None
     job = jobs[0]
     connection = Connection(job.ssh)

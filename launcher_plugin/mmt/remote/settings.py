@@ -23,6 +23,7 @@ from typing import Any, Dict, Optional, Tuple
 from omegaconf import DictConfig, OmegaConf
 
 from mmt.core.errors import ConfigError
+from mmt.planning.validate import settings_block
 
 KEY = "hydra.launcher.ssh"
 _FIELDS = (
@@ -83,13 +84,8 @@ def of(launcher_cfg: DictConfig) -> Optional[SshTarget]:
     raw = OmegaConf.select(launcher_cfg, "ssh", default=None)
     if raw is None:
         return None
-    if not OmegaConf.is_dict(raw):
-        raise ConfigError(KEY, raw, "expected {host, remote_root, ...}", f"e.g. {KEY}={{host:login,remote_root:~/mmt}}")
-    given = OmegaConf.to_container(raw, resolve=True)
-    assert isinstance(given, dict)
-    unknown = sorted(str(k) for k in given if k not in _FIELDS)
-    if unknown:
-        raise ConfigError(f"{KEY}.{unknown[0]}", given[unknown[0]], f"expected one of {list(_FIELDS)}")
+    example = f"e.g. {KEY}={{host:login,remote_root:~/mmt}}"
+    given = settings_block(KEY, raw, _FIELDS, "expected {host, remote_root, ...}", example)
     if given.get("host") is None and given.get("remote_root") is None and not any(given.values()):
         return None  # an empty ssh: {} in a site config, not filled in: the launch runs here
     host = _text("host", given.get("host"), True, f"{KEY}.host=login.mycluster.org (or an alias of ~/.ssh/config)")

@@ -65,7 +65,7 @@ class RemoteJob:
         del interval  # the cluster's side watches at its own pace
         started = time.monotonic()
         argv = ["wait", self.name, *(["--timeout", str(timeout)] if timeout is not None else [])]
-        code = forward.named("wait", self.name, argv, lambda: [], quiet=True)
+        code = forward.named("wait", self.name, argv, quiet=True)
         if code == 124:
             if stop_on_timeout:
                 self.stop()
@@ -73,7 +73,7 @@ class RemoteJob:
         return self.status
 
     def stop(self) -> None:
-        code = forward.named("stop", self.name, ["stop", self.name], lambda: [], quiet=True)
+        code = forward.named("stop", self.name, ["stop", self.name], quiet=True)
         if code != 0:
             raise NotCarriedOut(f"{self._job.ssh.label} did not stop {self.name} (mmt stop exited {code})")
 
